@@ -1,0 +1,29 @@
+"""The TileLang backend: capabilities as data; kernel factories in one module per operator.
+
+TileLang needs a CUDA device to run; without one it is reported unavailable and never
+imported at run time (lowering to CUDA source for sm_90a still works, see tests).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...registry import Capabilities
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+CAPABILITIES = {
+    "lazy_attention": Capabilities(devices=("cuda",), dtypes=_DTYPES, head_dims=(64, 128), notes="no float64"),
+    "mhc_pre": Capabilities(devices=("cuda",), dtypes=_DTYPES, n_streams=(4,), d_multiple=8, notes="no float64"),
+    "mhc_post": Capabilities(devices=("cuda",), dtypes=_DTYPES, n_streams=(4,), d_multiple=8, notes="no float64"),
+}
+PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
+
+
+def unavailable() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        import tilelang  # noqa: F401
+    except Exception as e:
+        return f"tilelang not importable ({type(e).__name__}: {e})"
+    return None

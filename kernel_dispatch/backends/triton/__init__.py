@@ -1,0 +1,36 @@
+"""The Triton backend: capabilities as data; kernels in one module per operator.
+
+On a machine without CUDA it runs only under the Triton interpreter (TRITON_INTERPRET=1,
+set before triton is imported), and ``auto`` never picks it there.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...registry import Capabilities
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_DEVICES = ("cuda", "cpu") if INTERPRET else ("cuda",)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+CAPABILITIES = {
+    "lazy_attention": Capabilities(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES,
+                                   head_dims=(16, 32, 64, 128), notes="flash-style, two sweeps; no float64"),
+    "mhc_pre": Capabilities(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
+                            d_multiple=8, notes="no float64"),
+    "mhc_post": Capabilities(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
+                             d_multiple=8, notes="no float64"),
+}
+PRIORITY = {"lazy_attention": 20, "mhc_pre": 20, "mhc_post": 20}
+
+
+def unavailable() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:
+        return f"triton not importable ({type(e).__name__}: {e})"
+    if not torch.cuda.is_available() and not INTERPRET:
+        return "no CUDA device (TRITON_INTERPRET=1 runs it on the CPU)"
+    return None

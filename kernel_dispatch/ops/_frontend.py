@@ -1,0 +1,74 @@
+"""Shared pieces of the operator front ends: input checks and backend resolution.
+
+Resolution reads the environment, context variables and caches, which torch.compile cannot
+trace; :func:`backend_pair` is therefore a constant to Dynamo (computed once while tracing,
+baked into the graph) and the chosen names flow into the custom ops as strings.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .. import registry
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+PARAM_DTYPES = (torch.float32, torch.float64)
+
+
+@torch._dynamo.assume_constant_result
+def _pair(op: str, meta_key: tuple, backend: Any) -> tuple[str, str]:
+    return registry.resolved_names(op, meta_key, backend)
+
+
+def backend_pair(op: str, meta: dict, backend: Any) -> tuple[str, str]:
+    """(forward, backward) backend names for ``op`` on inputs described by ``meta``."""
+    if isinstance(backend, list):
+        backend = tuple(backend)
+    return _pair(op, tuple(sorted(meta.items())), backend)
+
+
+def fmt_shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def check_tensor(name: str, t: Any, *, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES, ndim: int | None = None,
+                 min_ndim: int | None = None) -> None:
+    """TypeError/ValueError naming ``name`` if ``t`` is not a tensor of the given dtypes and rank."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {{{', '.join(str(d).replace('torch.', '') for d in dtypes)}}}, "
+                        f"got {str(t.dtype).replace('torch.', '')}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {fmt_shape(t)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dims, got shape {fmt_shape(t)}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], described: str) -> None:
+    """ValueError naming ``name`` unless ``t.shape == expected``; ``described`` spells the symbols."""
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {described} = [{', '.join(map(str, expected))}], "
+                         f"got {fmt_shape(t)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """ValueError naming the first tensor whose device differs from the first one's."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for n, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{n}: expected device {first.device} (the device of {first_name}), got {t.device}")
+
+
+def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+
+
+def check_float(name: str, value: Any, *, positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    if positive and not value > 0:
+        raise ValueError(f"{name}: expected a positive float, got {value!r}")

@@ -1,0 +1,138 @@
+"""Lazy attention: the public function, its input contract and its autograd front end.
+
+The forward and backward are the custom ops ``kernel_dispatch::lazy_attention_fwd`` and
+``kernel_dispatch::lazy_attention_bwd``, each taking the backend name as a string, so the
+forward of one backend composes with the backward of another. Saved for backward: q, k, v,
+bias, tau, lengths, O and the fp32 LSE [B, H, L].
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from .. import registry
+from ._frontend import (PARAM_DTYPES, backend_pair, check_float, check_same_device, check_shape, check_tensor,
+                        fmt_shape)
+
+OP = "lazy_attention"
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("kernel_dispatch::lazy_attention_fwd", mutates_args=())
+def lazy_attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float,
+                       lengths: Optional[Tensor], causal: bool, backend: str) -> tuple[Tensor, Tensor]:
+    """O [B, H, L, D] (q's dtype, contiguous) and LSE [B, H, L] (fp32) from ``backend``."""
+    return registry.kernels(OP, backend).forward(q, k, v, bias, tau, scale, lengths, causal)
+
+
+@lazy_attention_fwd.register_fake
+def _(q, k, v, bias, tau, scale, lengths, causal, backend):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("kernel_dispatch::lazy_attention_bwd", mutates_args=())
+def lazy_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, o: Tensor,
+                       lse: Tensor, scale: float, lengths: Optional[Tensor], causal: bool,
+                       backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau)."""
+    return tuple(registry.kernels(OP, backend).backward(do, q, k, v, bias, tau, o, lse, scale, lengths, causal))
+
+
+@lazy_attention_bwd.register_fake
+def _(do, q, k, v, bias, tau, o, lse, scale, lengths, causal, backend):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), bias.new_empty(bias.shape),
+            tau.new_empty(tau.shape))
+
+
+class LazyAttentionFunction(torch.autograd.Function):
+    """Autograd node: forward through one backend, backward through another (names as strings)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, tau, scale, lengths, causal, fwd_backend, bwd_backend):
+        o, lse = torch.ops.kernel_dispatch.lazy_attention_fwd(q, k, v, bias, tau, scale, lengths, causal,
+                                                              fwd_backend)
+        ctx.save_for_backward(q, k, v, bias, tau, o, lse, lengths)
+        ctx.scale, ctx.causal, ctx.bwd_backend = scale, causal, bwd_backend
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, bias, tau, o, lse, lengths = ctx.saved_tensors
+        dq, dk, dv, dbias, dtau = torch.ops.kernel_dispatch.lazy_attention_bwd(
+            do, q, k, v, bias, tau, o, lse, ctx.scale, lengths, ctx.causal, ctx.bwd_backend)
+        return dq, dk, dv, dbias, dtau, None, None, None, None, None
+
+
+def lazy_attention_meta(q: Tensor, k: Tensor, bias: Tensor, lengths: Optional[Tensor], causal: bool) -> dict:
+    """What the registry needs to know about a call to choose a backend."""
+    return {"device": q.device.type, "dtype": q.dtype, "head_dim": q.shape[-1], "gqa": q.shape[1] != k.shape[1],
+            "lengths": lengths is not None, "causal": bool(causal), "bias_length": bias.shape[1]}
+
+
+def validate(q, k, v, bias, tau, scale, lengths, causal) -> None:
+    """Raise TypeError/ValueError naming the argument for anything outside the contract."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {t.dtype}")
+    B, H, L, D = q.shape
+    if L == 0:
+        raise ValueError(f"q: empty sequence (L = 0) in shape {fmt_shape(q)}; expected L >= 1")
+    if B == 0 or H == 0 or D == 0:
+        raise ValueError(f"q: expected B, H, D >= 1, got shape {fmt_shape(q)}")
+    Hkv = k.shape[1]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"k: its head count Hkv = {Hkv} must divide the {H} heads of q (H % Hkv == 0)")
+    check_shape("k", k, (B, Hkv, L, D), "[B, Hkv, L, D]")
+    check_shape("v", v, (B, Hkv, L, D), "[B, Hkv, L, D]")
+    check_tensor("bias", bias, dtypes=PARAM_DTYPES, ndim=2)
+    if bias.shape[0] != H or bias.shape[1] < 1:
+        raise ValueError(f"bias: expected shape [H, W] = [{H}, W] with W >= 1, got {fmt_shape(bias)}")
+    check_tensor("tau", tau, dtypes=PARAM_DTYPES, ndim=1)
+    check_shape("tau", tau, (H,), "[H]")
+    if scale is not None:
+        check_float("scale", scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if lengths is not None:
+        check_tensor("lengths", lengths, dtypes=(torch.int32, torch.int64), ndim=1)
+        check_shape("lengths", lengths, (B,), "[B]")
+    check_same_device(q=q, k=k, v=v, bias=bias, tau=tau, lengths=lengths)
+    if lengths is not None and not torch.compiler.is_compiling():
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 1 or hi > L:
+            raise ValueError(f"lengths: expected every value in [1, L] = [1, {L}], got min {lo}, max {hi}")
+
+
+def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *, scale: float | None = None,
+                   lengths: Tensor | None = None, causal: bool = True, backend: Any = None) -> Tensor:
+    """Lazy attention: distance-biased scores and Elastic-Softmax relu(softmax + tau / i).
+
+    Args:
+        q: [B, H, L, D] fp16/bf16/fp32 (fp64 for the golden reference), any strides.
+        k, v: [B, Hkv, L, D], q's dtype; H % Hkv == 0 (query head h reads kv head h // (H // Hkv)).
+        bias: [H, W] fp32, added at causal distance t = m - n < W (|m - n| when causal=False).
+        tau: [H] fp32, the Elastic-Softmax offset (usually initialised to -1).
+        scale: score scale, default 1 / sqrt(D).
+        lengths: optional [B] int32/int64 in [1, L]; keys and output rows past lengths[b] are
+            masked and zero.
+        causal: True for causal attention (i = m + 1), False for full (i = valid key count).
+        backend: a backend name or (forward, backward) pair; overrides every other choice.
+
+    Returns:
+        O [B, H, L, D] in q's dtype, contiguous.
+    """
+    validate(q, k, v, bias, tau, scale, lengths, causal)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    fwd, bwd = backend_pair(OP, lazy_attention_meta(q, k, bias, lengths, causal), backend)
+    # torch.compile cannot trace an autograd.Function given one tensor twice (self-attention on q = k).
+    k = k.view_as(k) if k is q else k
+    v = v.view_as(v) if v is q or v is k else v
+    return LazyAttentionFunction.apply(q, k, v, bias, tau, scale, lengths, causal, fwd, bwd)

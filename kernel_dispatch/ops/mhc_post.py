@@ -1,0 +1,95 @@
+"""mHC post: the public function, its input contract and its autograd front end.
+
+Custom ops ``kernel_dispatch::mhc_post_fwd`` / ``mhc_post_bwd`` on flattened tokens;
+saved for backward: f, x, h_post, h_res.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import registry
+from ._frontend import PARAM_DTYPES, backend_pair, check_same_device, check_shape, check_tensor, fmt_shape
+
+OP = "mhc_post"
+
+
+@torch.library.custom_op("kernel_dispatch::mhc_post_fwd", mutates_args=())
+def mhc_post_fwd(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, backend: str) -> Tensor:
+    """out [T, n, D] in x's dtype for f [T, D], x [T, n, D], h_post [T, n], h_res [T, n, n]."""
+    return registry.kernels(OP, backend).forward(f, x, h_post, h_res)
+
+
+@mhc_post_fwd.register_fake
+def _(f, x, h_post, h_res, backend):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("kernel_dispatch::mhc_post_bwd", mutates_args=())
+def mhc_post_bwd(g: Tensor, f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor,
+                 backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(df [T, D], dx [T, n, D], dh_post [T, n], dh_res [T, n, n]) for upstream g [T, n, D]."""
+    return tuple(registry.kernels(OP, backend).backward(g, f, x, h_post, h_res))
+
+
+@mhc_post_bwd.register_fake
+def _(g, f, x, h_post, h_res, backend):
+    return f.new_empty(f.shape), x.new_empty(x.shape), h_post.new_empty(h_post.shape), h_res.new_empty(h_res.shape)
+
+
+class MHCPostFunction(torch.autograd.Function):
+    """Autograd node for mHC post on flattened tokens."""
+
+    @staticmethod
+    def forward(ctx, f, x, h_post, h_res, fwd_backend, bwd_backend):
+        ctx.save_for_backward(f, x, h_post, h_res)
+        ctx.bwd_backend = bwd_backend
+        return torch.ops.kernel_dispatch.mhc_post_fwd(f, x, h_post, h_res, fwd_backend)
+
+    @staticmethod
+    def backward(ctx, g):
+        f, x, h_post, h_res = ctx.saved_tensors
+        df, dx, dh_post, dh_res = torch.ops.kernel_dispatch.mhc_post_bwd(g, f, x, h_post, h_res, ctx.bwd_backend)
+        return df, dx, dh_post, dh_res, None, None
+
+
+def validate(f, x, h_post, h_res) -> None:
+    """Raise TypeError/ValueError naming the argument for anything outside the contract."""
+    check_tensor("x", x, min_ndim=2)
+    lead, n, D = tuple(x.shape[:-2]), x.shape[-2], x.shape[-1]
+    if x.numel() == 0:
+        raise ValueError(f"x: expected [..., n, D] with at least one token and n, D >= 1, got {fmt_shape(x)}")
+    check_tensor("f", f)
+    if f.dtype != x.dtype:
+        raise TypeError(f"f: expected the dtype of x ({x.dtype}), got {f.dtype}")
+    check_shape("f", f, lead + (D,), "[..., D] (x's leading dims)")
+    check_tensor("h_post", h_post, dtypes=PARAM_DTYPES)
+    check_shape("h_post", h_post, lead + (n,), "[..., n]")
+    check_tensor("h_res", h_res, dtypes=PARAM_DTYPES)
+    check_shape("h_res", h_res, lead + (n, n), "[..., n, n]")
+    check_same_device(x=x, f=f, h_post=h_post, h_res=h_res)
+
+
+def mhc_post(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, *, backend: Any = None) -> Tensor:
+    """mHC post: out[o, d] = h_post[o] * f[d] + sum_i h_res[i, o] * x[i, d].
+
+    Args:
+        f: [..., D], the sublayer output, in x's dtype.
+        x: [..., n, D] bf16/fp16/fp32, the streams that went into mhc_pre.
+        h_post: [..., n] fp32. h_res: [..., n, n] fp32 in [in, out] layout.
+        backend: a backend name or (forward, backward) pair; overrides every other choice.
+
+    Returns:
+        out [..., n, D] in x's dtype.
+    """
+    validate(f, x, h_post, h_res)
+    lead, (n, D) = x.shape[:-2], x.shape[-2:]
+    T = math.prod(lead)
+    meta = {"device": x.device.type, "dtype": x.dtype, "n": n, "D": D}
+    fwd, bwd = backend_pair(OP, meta, backend)
+    out = MHCPostFunction.apply(f.reshape(T, D), x.reshape(T, n, D), h_post.reshape(T, n), h_res.reshape(T, n, n),
+                                fwd, bwd)
+    return out.view(*lead, n, D)

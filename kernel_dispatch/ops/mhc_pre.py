@@ -1,0 +1,133 @@
+"""mHC pre: the public function, its input contract and its autograd front end.
+
+Custom ops ``kernel_dispatch::mhc_pre_fwd`` / ``mhc_pre_bwd`` work on tokens flattened to
+x [T, n, D]; saved for backward: x, phi, alpha, bias, gamma and the fp32 residuals
+z [T, M] (normalised mixing logits) and inv_rms [T].
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from .. import registry
+from ._frontend import (PARAM_DTYPES, backend_pair, check_float, check_positive_int, check_same_device, check_shape,
+                        check_tensor, fmt_shape)
+
+OP = "mhc_pre"
+
+
+def _ct(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("kernel_dispatch::mhc_pre_fwd", mutates_args=())
+def mhc_pre_fwd(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Optional[Tensor], sinkhorn_iters: int,
+                post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float,
+                backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(h_in [T, D], h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]) for x [T, n, D]."""
+    return tuple(registry.kernels(OP, backend).forward(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult,
+                                                       norm_eps, pre_eps, sinkhorn_eps))
+
+
+@mhc_pre_fwd.register_fake
+def _(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps, backend):
+    T, n, D = x.shape
+    ct = _ct(x)
+    return (x.new_empty(T, D), x.new_empty(T, n, dtype=ct), x.new_empty(T, n, n, dtype=ct),
+            x.new_empty(T, phi.shape[0], dtype=ct), x.new_empty(T, dtype=ct))
+
+
+@torch.library.custom_op("kernel_dispatch::mhc_pre_bwd", mutates_args=())
+def mhc_pre_bwd(dh_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor,
+                gamma: Optional[Tensor], z: Tensor, inv_rms: Tensor, sinkhorn_iters: int, post_mult: float,
+                norm_eps: float, pre_eps: float, sinkhorn_eps: float,
+                backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dphi, dalpha, dbias, dgamma); dgamma is an empty [0] tensor when gamma is None."""
+    dx, dphi, dalpha, dbias, dgamma = registry.kernels(OP, backend).backward(
+        dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters, post_mult, norm_eps,
+        pre_eps, sinkhorn_eps)
+    if dgamma is None:
+        dgamma = phi.new_empty(0)
+    return dx, dphi, dalpha, dbias, dgamma
+
+
+@mhc_pre_bwd.register_fake
+def _(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *args):
+    return (x.new_empty(x.shape), phi.new_empty(phi.shape), alpha.new_empty(alpha.shape), bias.new_empty(bias.shape),
+            phi.new_empty(0) if gamma is None else gamma.new_empty(gamma.shape))
+
+
+class MHCPreFunction(torch.autograd.Function):
+    """Autograd node for mHC pre on flattened tokens x [T, n, D]."""
+
+    @staticmethod
+    def forward(ctx, x, phi, alpha, bias, gamma, hp, fwd_backend, bwd_backend):
+        h_in, h_post, h_res, z, inv_rms = torch.ops.kernel_dispatch.mhc_pre_fwd(x, phi, alpha, bias, gamma, *hp,
+                                                                                fwd_backend)
+        ctx.save_for_backward(x, phi, alpha, bias, gamma, z, inv_rms)
+        ctx.hp, ctx.bwd_backend = hp, bwd_backend
+        ctx.mark_non_differentiable(z, inv_rms)
+        return h_in, h_post, h_res, z, inv_rms
+
+    @staticmethod
+    def backward(ctx, dh_in, dh_post, dh_res, _dz, _dinv):
+        x, phi, alpha, bias, gamma, z, inv_rms = ctx.saved_tensors
+        dx, dphi, dalpha, dbias, dgamma = torch.ops.kernel_dispatch.mhc_pre_bwd(
+            dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp, ctx.bwd_backend)
+        return dx, dphi, dalpha, dbias, (dgamma if gamma is not None else None), None, None, None
+
+
+def validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps) -> None:
+    """Raise TypeError/ValueError naming the argument for anything outside the contract."""
+    check_tensor("x", x, min_ndim=2)
+    n, D = x.shape[-2], x.shape[-1]
+    if n == 0 or D == 0:
+        raise ValueError(f"x: expected [..., n, D] with n, D >= 1, got {fmt_shape(x)}")
+    if x.numel() == 0:
+        raise ValueError(f"x: no tokens (T = 0) in shape {fmt_shape(x)}; expected at least one")
+    M = n * n + 2 * n
+    check_tensor("phi", phi, dtypes=PARAM_DTYPES, ndim=2)
+    check_shape("phi", phi, (M, n * D), "[n*n + 2n, n*D]")
+    check_tensor("alpha", alpha, dtypes=PARAM_DTYPES, ndim=1)
+    check_shape("alpha", alpha, (3,), "[3]")
+    check_tensor("bias", bias, dtypes=PARAM_DTYPES, ndim=1)
+    check_shape("bias", bias, (M,), "[n*n + 2n]")
+    if gamma is not None:
+        check_tensor("gamma", gamma, dtypes=PARAM_DTYPES, ndim=1)
+        check_shape("gamma", gamma, (n * D,), "[n*D]")
+    check_positive_int("sinkhorn_iters", sinkhorn_iters)
+    check_float("post_mult", post_mult)
+    for name, val in (("norm_eps", norm_eps), ("pre_eps", pre_eps), ("sinkhorn_eps", sinkhorn_eps)):
+        check_float(name, val)
+        if val < 0:
+            raise ValueError(f"{name}: expected a float >= 0, got {val!r}")
+    check_same_device(x=x, phi=phi, alpha=alpha, bias=bias, gamma=gamma)
+
+
+def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
+            sinkhorn_iters: int = 20, post_mult: float = 2.0, norm_eps: float = 1e-6, pre_eps: float = 1e-6,
+            sinkhorn_eps: float = 1e-6, backend: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+    """mHC pre: the sublayer input and the post and res mixings of n residual streams.
+
+    Args:
+        x: [..., n, D] bf16/fp16/fp32, the streams of each token (any leading dims).
+        phi: [M, n*D] fp32 with M = n*n + 2n; rows pre (n), post (n), res (n*n).
+        alpha: [3] fp32 scales (pre, post, res). bias: [M] fp32.
+        gamma: [n*D] fp32 RMSNorm weight, or None for ones.
+        sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps: see SPEC section 2.
+        backend: a backend name or (forward, backward) pair; overrides every other choice.
+
+    Returns:
+        h_in [..., D] in x's dtype; h_post [..., n] fp32; h_res [..., n, n] fp32, [in, out] layout.
+    """
+    validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps)
+    lead, (n, D) = x.shape[:-2], x.shape[-2:]
+    T = math.prod(lead)
+    meta = {"device": x.device.type, "dtype": x.dtype, "n": n, "D": D}
+    fwd, bwd = backend_pair(OP, meta, backend)
+    hp = (int(sinkhorn_iters), float(post_mult), float(norm_eps), float(pre_eps), float(sinkhorn_eps))
+    h_in, h_post, h_res, _, _ = MHCPreFunction.apply(x.reshape(T, n, D), phi, alpha, bias, gamma, hp, fwd, bwd)
+    return h_in.view(*lead, D), h_post.view(*lead, n), h_res.view(*lead, n, n)

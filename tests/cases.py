@@ -1,0 +1,163 @@
+"""Shapes that break kernels, input makers, and one runner that drives any backend the same way.
+
+Every case makes fresh random inputs from its seed; the runner calls the public op with
+``backend=`` and returns the named forward outputs and input gradients, so every backend
+(and golden float64, the reference) goes through identical code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import kernel_dispatch as kd
+
+
+@dataclass(frozen=True)
+class AttnCase:
+    name: str
+    B: int = 2
+    H: int = 3
+    Hkv: int = 3
+    L: int = 48
+    D: int = 32
+    W: int = 8
+    causal: bool = True
+    lengths: tuple[int, ...] | None = None
+    noncontig: bool = False
+    tau: tuple[float, ...] | None = None  # per head; None: a mix of signs, never exactly -1
+    big: bool = False  # only on a GPU
+
+
+@dataclass(frozen=True)
+class MHCCase:
+    name: str
+    lead: tuple[int, ...] = (7,)
+    n: int = 4
+    D: int = 16
+    gamma: bool = True
+    noncontig: bool = False
+    big: bool = False
+
+
+ATTN_CASES = [
+    AttnCase("multihead"),
+    AttnCase("len_not_block_multiple", L=37, W=5),
+    AttnCase("len1_w_gt_l", L=1, W=4),
+    AttnCase("w_gt_l", L=20, W=64),
+    AttnCase("w_lt_l_multiblock", L=130, W=3, H=2, Hkv=2),
+    AttnCase("gqa", H=4, Hkv=2, L=40),
+    AttnCase("lengths", B=3, L=40, lengths=(40, 17, 1)),
+    AttnCase("noncausal", L=33, W=6, causal=False),
+    AttnCase("noncausal_gqa_lengths", B=2, H=4, Hkv=1, L=29, causal=False, lengths=(29, 11)),
+    AttnCase("noncontig", noncontig=True, L=40),
+    AttnCase("head_dim64", D=64, L=70, H=2, Hkv=2),
+    AttnCase("tau_positive", tau=(0.3, 0.05, 1.0), L=24),
+    AttnCase("tau_below_minus1", tau=(-1.5, -3.0, -1.2), L=24),
+    AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, big=True),
+    AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), big=True),
+]
+
+MHC_CASES = [
+    MHCCase("basic"),
+    MHCCase("one_token", lead=(1,), D=8, gamma=False),
+    MHCCase("lead_dims_no_gamma", lead=(2, 3), D=24, gamma=False),
+    MHCCase("nD_above_block", lead=(33,), D=264),
+    MHCCase("wide", lead=(5,), D=520),
+    MHCCase("two_streams", lead=(9,), n=2, D=40),
+    MHCCase("noncontig", lead=(6,), D=32, noncontig=True),
+    MHCCase("realistic", lead=(16384,), D=4096, big=True),
+]
+
+CASES = {"lazy_attention": ATTN_CASES, "mhc_pre": MHC_CASES, "mhc_post": MHC_CASES}
+OUTPUT_NAMES = {"lazy_attention": ("o",), "mhc_pre": ("h_in", "h_post", "h_res"), "mhc_post": ("out",)}
+
+
+@dataclass
+class Inputs:
+    """Inputs of one call: tensors (leaves), the non-tensor kwargs, and upstream gradients."""
+    tensors: dict[str, torch.Tensor]
+    kwargs: dict = field(default_factory=dict)
+    grads: tuple[torch.Tensor, ...] = ()
+
+
+def _noncontig(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a non-contiguous layout (last two dims stored transposed)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def make_inputs(op: str, case, dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> Inputs:
+    """Random inputs of ``case`` with activations in ``dtype`` and parameters in fp32."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, dt=dtype):
+        return (scale * torch.randn(*shape, generator=g)).to(dt).to(device)
+
+    if op == "lazy_attention":
+        c = case
+        q, k, v = rnd(c.B, c.H, c.L, c.D), rnd(c.B, c.Hkv, c.L, c.D), rnd(c.B, c.Hkv, c.L, c.D)
+        if c.noncontig:
+            q, k, v = _noncontig(q), _noncontig(k), _noncontig(v)
+        bias = rnd(c.H, c.W, scale=0.5, dt=torch.float32)
+        if c.tau is not None:
+            tau = torch.tensor(c.tau, dtype=torch.float32, device=device)
+        else:  # a mix of signs, away from the ill-conditioned -1
+            tau = (torch.rand(c.H, generator=g) * 1.6 - 1.3).to(device)
+            tau = torch.where((tau + 1).abs() < 0.05, tau + 0.1, tau)
+        kwargs = {"causal": c.causal}
+        if c.lengths is not None:
+            kwargs["lengths"] = torch.tensor(c.lengths, dtype=torch.int64, device=device)
+        do = rnd(c.B, c.H, c.L, c.D)
+        if c.noncontig:
+            do = _noncontig(do)
+        return Inputs({"q": q, "k": k, "v": v, "bias": bias, "tau": tau}, kwargs, (do,))
+    c = case
+    n, D = c.n, c.D
+    M = n * n + 2 * n
+    x = rnd(*c.lead, n, D)
+    if c.noncontig:
+        x = _noncontig(x)
+    if op == "mhc_pre":
+        t = {"x": x, "phi": rnd(M, n * D, scale=0.05, dt=torch.float32),
+             "alpha": torch.tensor([0.8, 1.2, 0.9], device=device) + 0.1 * rnd(3, dt=torch.float32),
+             "bias": rnd(M, scale=0.3, dt=torch.float32)}
+        if c.gamma:
+            t["gamma"] = 1 + 0.1 * rnd(n * D, dt=torch.float32)
+        grads = (rnd(*c.lead, D), rnd(*c.lead, n, dt=torch.float32), rnd(*c.lead, n, n, dt=torch.float32))
+        return Inputs(t, {}, grads)
+    f = rnd(*c.lead, D)
+    h_post = 2 * torch.rand(*c.lead, n, generator=g).to(device)
+    h_res = torch.softmax(rnd(*c.lead, n, n, dt=torch.float32), -1)
+    gout = rnd(*c.lead, n, D)
+    if c.noncontig:
+        gout = _noncontig(gout)
+    return Inputs({"f": f, "x": x, "h_post": h_post, "h_res": h_res}, {}, (gout,))
+
+
+GRAD_NAMES = {
+    "lazy_attention": {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "tau": "dtau"},
+    "mhc_pre": {"x": "dx", "phi": "dphi", "alpha": "dalpha", "bias": "dbias", "gamma": "dgamma"},
+    "mhc_post": {"f": "df", "x": "dx", "h_post": "dh_post", "h_res": "dh_res"},
+}
+
+
+def upcast(inp: Inputs) -> Inputs:
+    """The same values in float64 (the golden reference's inputs)."""
+    t = {k: v.detach().double() for k, v in inp.tensors.items()}
+    return Inputs(t, inp.kwargs, tuple(gr.double() for gr in inp.grads))
+
+
+def run(op: str, inp: Inputs, backend, backward: bool = True) -> dict[str, torch.Tensor]:
+    """Call ``op`` through the public API with ``backend``; return outputs and input gradients by name."""
+    leaves = {k: v.detach().clone().requires_grad_(backward) for k, v in inp.tensors.items()}
+    # keep the caller's layout (clone of a non-contiguous tensor keeps its strides)
+    fn = getattr(kd, op)
+    outs = fn(*leaves.values(), **inp.kwargs, backend=backend) if op != "mhc_pre" else fn(
+        leaves["x"], leaves["phi"], leaves["alpha"], leaves["bias"], leaves.get("gamma"), backend=backend)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    result = {name: o.detach() for name, o in zip(OUTPUT_NAMES[op], outs)}
+    if backward:
+        grads = torch.autograd.grad(outs, list(leaves.values()), inp.grads)
+        for (name, _), gr in zip(leaves.items(), grads):
+            result[GRAD_NAMES[op][name]] = gr
+    return result

@@ -1,0 +1,81 @@
+"""The equivalence matrix: operator x backend x dtype x shape x direction, against golden float64.
+
+Generated from the registry: every registered backend of every operator appears; a case the
+backend cannot run here is skipped with the registry's reasons. Gradients of per-head tensors
+(dq, dk, dv) are checked head by head, so a kernel right for head 0 only fails.
+Large ("big") shapes run only on a CUDA device.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from kernel_dispatch import BACKEND_NAMES, OPERATORS, registry
+
+from .cases import CASES, Inputs, make_inputs, run, upcast
+from .tolerances import rel_err, tolerance
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PER_HEAD = {"dq", "dk", "dv", "o"}
+
+
+def _meta(op, case, dtype):
+    if op == "lazy_attention":
+        return {"device": DEVICE, "dtype": dtype, "head_dim": case.D, "gqa": case.H != case.Hkv,
+                "lengths": case.lengths is not None, "causal": case.causal, "bias_length": case.W}
+    return {"device": DEVICE, "dtype": dtype, "n": case.n, "D": case.D}
+
+
+@functools.lru_cache(maxsize=8)
+def _reference(op: str, case, dtype: torch.dtype):
+    inp = make_inputs(op, case, dtype, DEVICE)
+    return inp, run(op, upcast(inp), "golden")
+
+
+@functools.lru_cache(maxsize=8)
+def _result(op: str, backend: str, case, dtype: torch.dtype):
+    inp, _ = _reference(op, case, dtype)
+    return run(op, inp, backend)
+
+
+def _params():
+    for op in OPERATORS:
+        for backend in BACKEND_NAMES:
+            for case in CASES[op]:
+                for dtype in DTYPES:
+                    for direction in ("forward", "backward"):
+                        marks = [pytest.mark.slow] if backend != "golden" and DEVICE == "cpu" else []
+                        yield pytest.param(op, backend, case, dtype, direction, marks=marks,
+                                           id=f"{op}-{backend}-{case.name}-{str(dtype)[6:]}-{direction}")
+
+
+@pytest.mark.parametrize("op,backend,case,dtype,direction", list(_params()))
+def test_matches_golden_float64(op, backend, case, dtype, direction):
+    if case.big and DEVICE != "cuda":
+        pytest.skip("realistic size: runs on a CUDA device only")
+    reasons = registry.why_not(op, backend, _meta(op, case, dtype))
+    if reasons:
+        pytest.skip(f"{backend}: " + "; ".join(reasons))
+    _, ref = _reference(op, case, dtype)
+    got = _result(op, backend, case, dtype)
+    tf32 = getattr(registry.impl(op, backend).caps, "tf32", False)
+    names = [n for n in ref if (n in _FORWARD[op]) == (direction == "forward")]
+    failures = []
+    for name in names:
+        tol = tolerance(op, dtype, name, tf32)
+        assert got[name].shape == ref[name].shape, f"{name}: shape {tuple(got[name].shape)} != {tuple(ref[name].shape)}"
+        err = rel_err(got[name], ref[name])
+        if err > tol:
+            failures.append(f"{name}: rel err {err:.3e} > tol {tol:.3e}")
+        if op == "lazy_attention" and name in PER_HEAD:
+            for h in range(got[name].shape[1]):
+                eh = rel_err(got[name][:, h], ref[name][:, h])
+                if eh > tol:
+                    failures.append(f"{name} head {h}: rel err {eh:.3e} > tol {tol:.3e}")
+    assert not failures, "; ".join(failures)
+
+
+_FORWARD = {"lazy_attention": {"o"}, "mhc_pre": {"h_in", "h_post", "h_res"}, "mhc_post": {"out"}}
