@@ -47,8 +47,7 @@ def _params():
             for case in CASES[op]:
                 for dtype in DTYPES:
                     for direction in ("forward", "backward"):
-                        marks = [pytest.mark.slow] if backend != "golden" and DEVICE == "cpu" else []
-                        yield pytest.param(op, backend, case, dtype, direction, marks=marks,
+                        yield pytest.param(op, backend, case, dtype, direction,
                                            id=f"{op}-{backend}-{case.name}-{str(dtype)[6:]}-{direction}")
 
 
