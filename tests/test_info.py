@@ -1,0 +1,28 @@
+"""`python -m kernel_dispatch.info` prints every operator x backend with availability, reasons and the choice's source."""
+import subprocess
+import sys
+
+import kernel_dispatch as kd
+from kernel_dispatch import info
+
+
+def test_info_lists_every_operator_and_backend(monkeypatch, capsys):
+    monkeypatch.setenv("MHC_BACKEND", "golden")
+    info.main(["--device", "cpu", "--dtype", "bf16", "--head-dim", "96"])
+    out = capsys.readouterr().out
+    for op in kd.OPERATORS:
+        assert op in out
+    assert out.count("golden    yes") == 3
+    assert "from environment MHC_BACKEND" in out
+    assert "head_dim 96" in out
+
+
+def test_info_markdown_table_has_a_row_per_implementation():
+    table = info.markdown_support_table()
+    assert len(table.splitlines()) == 2 + len(kd.OPERATORS) * len(kd.BACKEND_NAMES)
+
+
+def test_info_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "kernel_dispatch.info"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "lazy_attention" in out.stdout and "from auto" in out.stdout
