@@ -34,6 +34,24 @@ def markdown_support_table() -> str:
     return "\n".join(lines)
 
 
+README_START, README_END = "<!-- support-table:start -->", "<!-- support-table:end -->"
+
+
+def readme_table(text: str) -> str:
+    """The support table currently between the README markers."""
+    return text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
+
+
+def update_readme(path: str) -> None:
+    """Replace the text between the README's support-table markers with the generated table."""
+    with open(path) as f:
+        text = f.read()
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w") as f:
+        f.write(f"{head}{README_START}\n{markdown_support_table()}\n{README_END}{tail}")
+
+
 def report(args) -> str:
     """The text printed by the command: choices with sources, then every backend's availability and reasons."""
     out = []
@@ -72,9 +90,13 @@ def main(argv=None) -> None:
     p.add_argument("--D", type=int, default=4096)
     p.add_argument("--config", help="a YAML file whose backend: key to apply")
     p.add_argument("--markdown", action="store_true", help="print the declared support table as markdown")
+    p.add_argument("--update-readme", metavar="README", help="rewrite the support table inside README")
     args = p.parse_args(argv)
     if args.markdown:
         print(markdown_support_table())
+        return
+    if args.update_readme:
+        update_readme(args.update_readme)
         return
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.config:

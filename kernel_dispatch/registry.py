@@ -6,7 +6,8 @@ declares, without importing any heavy dependency:
 
 - ``CAPABILITIES``: ``{operator: Capabilities}``, what its kernels support, as data;
 - ``PRIORITY``: ``{operator: int}``, its rank in ``auto`` (higher runs first);
-- ``unavailable() -> str | None``: why the backend cannot run on this machine at all.
+- ``unavailable() -> str | None``: why the backend cannot run on this machine at all;
+- optionally ``extra_reasons(op, meta) -> list[str]``: conditions the table cannot express.
 
 Its kernels live in ``<package>.<operator>`` with ``forward`` and ``backward`` functions,
 imported only when chosen. Anything that stops a backend from running becomes a reason.
@@ -204,6 +205,9 @@ def why_not(op: str, backend: str, meta: Mapping[str, Any]) -> list[str]:
     if unavailable:
         reasons.append(unavailable)
     reasons += impl(op, backend).caps.why_not(meta)
+    extra = getattr(_package(backend), "extra_reasons", None)
+    if extra is not None:
+        reasons += extra(op, meta)
     if not reasons:
         missing = _kernels_missing(op, backend)
         if missing:

@@ -26,3 +26,10 @@ def test_info_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "kernel_dispatch.info"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "lazy_attention" in out.stdout and "from auto" in out.stdout
+
+
+def test_readme_support_table_is_the_generated_one():
+    from pathlib import Path
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert info.readme_table(readme) == info.markdown_support_table(), \
+        "README support table is stale: run python -m kernel_dispatch.info --update-readme README.md"

@@ -12,7 +12,7 @@ import torch
 from ...registry import Capabilities
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_DEVICES = ("cuda", "cpu") if INTERPRET else ("cuda",)
+_DEVICES = ("cuda", "cpu")  # cpu: only through the interpreter, see extra_reasons
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 CAPABILITIES = {
@@ -24,6 +24,13 @@ CAPABILITIES = {
                              d_multiple=8, notes="no float64"),
 }
 PRIORITY = {"lazy_attention": 20, "mhc_pre": 20, "mhc_post": 20}
+
+
+def extra_reasons(op: str, meta: dict) -> list[str]:
+    """Reasons beyond the capability table: CPU tensors need the interpreter."""
+    if meta.get("device") == "cpu" and not INTERPRET:
+        return ["CPU tensors need TRITON_INTERPRET=1 (set before triton is imported)"]
+    return []
 
 
 def unavailable() -> str | None:
