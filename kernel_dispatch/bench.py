@@ -1,0 +1,200 @@
+"""``python -m kernel_dispatch.bench``: every operator and backend side by side with the baselines a
+user would pick instead, on one device in one run. Pieces live in :mod:`kernel_dispatch.benchmarks`.
+
+    python -m kernel_dispatch.bench                    # the default GPU sweep (about 5 minutes on an H100)
+    python -m kernel_dispatch.bench --quick            # tiny CPU smoke, golden only (CI)
+    python -m kernel_dispatch.bench --ops mhc --D 4096 --T 8192 --backends triton,golden_compile
+    python -m kernel_dispatch.bench --from-json bench_results/bench.json --docs   # docs from a saved run
+
+Prints a markdown table, writes a JSON with every figure and the environment, PNG plots, and with
+``--docs`` docs/benchmarks.md (GPU runs only; other runs preview the page beside their JSON).
+Exits 1 when a kernel_dispatch backend raised (baselines that fail are reported, not fatal).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .benchmarks import attention, baselines, docs, mhc, plots, report
+from .benchmarks.common import sweep
+from .benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
+from .config import BACKEND_NAMES
+
+BACKENDS = BACKEND_NAMES + tuple(dict.fromkeys(baselines.ATTENTION + baselines.MHC))
+OPS = {"lazy_attention": attention, "mhc": mhc}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """'1K,2048,32k' -> (1024, 2048, 32768)."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        mult = 1024 if item[-1] in "kK" else 1
+        try:
+            out.append(int(item[:-1] if mult > 1 else item) * mult)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers (1K = 1024), got {item!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return tuple(out)
+
+
+def _int(text: str) -> int:
+    """'16K' -> 16384."""
+    return _ints(text)[0]
+
+
+def _names(valid: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(s.strip() for s in text.split(",") if s.strip())
+        bad = [n for n in names if n not in valid]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown name(s) {bad or text!r}; valid: {', '.join(valid)}")
+        return names
+    return parse
+
+
+def _d_item(text: str) -> tuple[str | None, tuple[int, ...]]:
+    """One --D value: 'VALUES' (every op) or 'lazy_attention=VALUES' / 'mhc=VALUES' (one op)."""
+    op, _, values = text.rpartition("=")
+    if op and op not in OPS:
+        raise argparse.ArgumentTypeError(f"unknown operator {op!r} in {text!r}; expected {' or '.join(OPS)}")
+    return op or None, _ints(values)
+
+
+def _D(items: list[tuple[str | None, tuple[int, ...]]] | None) -> dict[str, tuple[int, ...]]:
+    """The parsed --D values as {op: values}; a later value for an op replaces an earlier one."""
+    out: dict[str, tuple[int, ...]] = {}
+    for op, values in items or []:
+        out.update({o: values for o in ([op] if op else OPS)})
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m kernel_dispatch.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny CPU smoke with golden only (seconds)")
+    p.add_argument("--ops", type=_names(tuple(OPS)), default=tuple(OPS), help="comma list of: %(default)s")
+    p.add_argument("--backends", type=_names(BACKENDS), help=f"comma list of: {', '.join(BACKENDS)} (default: all; "
+                   "golden with --quick)")
+    p.add_argument("--L", type=_ints, help="lazy attention sequence lengths, e.g. 1K,4K,32K")
+    p.add_argument("--D", action="append", type=_d_item, help="head dims / hidden sizes: '64,128' for every op, or "
+                   "'lazy_attention=64,128', 'mhc=1280,7168' (repeatable)")
+    p.add_argument("--T", type=_ints, help="mHC token counts")
+    p.add_argument("--H", type=_int, help="lazy attention heads (default 16)")
+    p.add_argument("--tokens", type=_int, help="lazy attention B*L per point; B = tokens // L (default 16K)")
+    p.add_argument("--W", type=_int, help="lazy attention bias length (default 512)")
+    p.add_argument("--n", type=_int, help="mHC streams (default 4)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--device", help="default: cuda when available (cpu with --quick)")
+    p.add_argument("--json", type=Path, help="results file (default bench_results/bench.json, quick.json)")
+    p.add_argument("--plots", type=Path, help="folder for the PNG plots (default: the JSON's folder)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--docs", action="store_true", help="regenerate docs/benchmarks.md (GPU runs only; others "
+                   "write a preview beside the JSON)")
+    p.add_argument("--from-json", type=Path, help="no run: tables, plots and docs from this saved JSON")
+    return p.parse_args(argv)
+
+
+def _shapes(op: str, args, defaults: dict, Ds: dict) -> list:
+    if op == "lazy_attention":
+        return attention.shapes(args.L or defaults["L"], Ds.get(op, defaults["D"]), args.H or defaults["H"],
+                                args.tokens or defaults["tokens"], args.W or defaults["W"])
+    return mhc.shapes(Ds.get(op, defaults["D"]), args.T or defaults["T"], args.n or defaults["n"])
+
+
+def run(args, argv: list[str], json_path: Path) -> dict:
+    """Run the sweeps ``args`` ask for and return the JSON-ready results.
+
+    ``json_path`` is rewritten after every record (``"complete": false`` until the end), so a run
+    stopped by a time limit still leaves every figure it measured.
+    """
+    t0 = time.perf_counter()
+    device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
+    if device.type == "cpu" and not args.quick and not (args.L or args.D or args.T):
+        raise SystemExit("no CUDA device: the default sweep is for a GPU; use --quick, or small --L/--D/--T")
+    settings = Settings(warmup=1, min_reps=3, max_reps=3, budget_s=0.0) if args.quick else Settings()
+    timer = Timer(device, settings)
+    backends = args.backends or (("golden",) if args.quick else BACKENDS)
+    dtype = DTYPES[args.dtype]
+    Ds = _D(args.D)
+    plan = []
+    for op in args.ops:
+        mod = OPS[op]
+        names = [b for b in backends if b in BACKEND_NAMES or b in (baselines.ATTENTION if op == "lazy_attention"
+                                                                      else baselines.MHC)]
+        plan.append((mod, _shapes(op, args, mod.QUICK if args.quick else mod.DEFAULT, Ds), names))
+    data = {"schema": 1, "command": "python -m kernel_dispatch.bench " + shlex.join(argv), "quick": args.quick,
+            "env": report.environment(device), "conventions": report.CONVENTIONS,
+            "settings": vars(settings), "copy_gbps": None, "complete": False, "records": []}
+    if "mhc" in args.ops:
+        data["copy_gbps"] = copy_bandwidth_gbps(timer)
+    progress = _progress(sum(len(s) * len(n) for _, s, n in plan))
+    threads = torch.get_num_threads()
+    if args.quick:  # tiny ops: one thread, no OpenMP barriers stalled by a busy CI machine
+        torch.set_num_threads(1)
+
+    def save(rec: dict) -> None:
+        data["records"].append(rec)
+        data["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        report.write_json(data, json_path)
+    try:
+        for mod, shapes, names in plan:
+            extra = {"copy_gbps": data["copy_gbps"]} if mod is mhc else {}
+            sweep(mod, shapes, names, dtype, timer, progress, on_record=save, **extra)
+    finally:
+        torch.set_num_threads(threads)
+        if progress is not None:
+            progress.close()
+    data["complete"] = True
+    data["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    report.write_json(data, json_path)
+    return data
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    tty = sys.stderr.isatty()  # in a captured log, a line every 10 s instead of a live bar
+    return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, mininterval=0.1 if tty else 10.0,
+                dynamic_ncols=tty)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.from_json:
+        json_path = args.from_json
+        data = json.loads(json_path.read_text())
+    else:
+        json_path = args.json or Path("bench_results") / ("quick.json" if args.quick else "bench.json")
+        data = run(args, argv, json_path)
+    print(f"# kernel_dispatch benchmarks\n\n{report.env_line(data['env'])}\n\n{report.tables(data)}\n")
+    print(f"results: {json_path} ({data.get('elapsed_s')} s)")
+    if not args.no_plots and (args.plots or not args.from_json):
+        try:
+            for path in plots.write_plots(data, args.plots or json_path.parent):
+                print(f"plot: {path}")
+        except ImportError as e:
+            print(f"no plots: {e}", file=sys.stderr)
+    if args.docs:
+        page = docs.DOCS_PAGE if docs.is_gpu_run(data) else json_path.parent / "benchmarks.md"
+        if page != docs.DOCS_PAGE:
+            print("not a full GPU run: the docs page is previewed beside the JSON, docs/ is left alone")
+        print(f"docs: {docs.write(data, page, json_path)}")
+    bad = report.failures(data["records"])
+    for line in bad:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The benchmark harness never rots: ``python -m kernel_dispatch.bench --quick`` runs on the CPU and
+writes a sane table, JSON, plots and docs preview; the docs page is written only from GPU runs."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernel_dispatch import bench
+from kernel_dispatch.benchmarks import docs, report
+
+BACKENDS = "golden,tilelang,sdpa_flash"  # golden runs; the other two must say why they cannot
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _check_table(stdout: str) -> None:
+    assert "## Lazy attention" in stdout and "## mHC block" in stdout
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert sum("| golden |" in r for r in rows) == 4  # 2 attention + 2 mHC shapes
+    assert any("| tilelang |" in r and "not run:" in r for r in rows)
+
+
+def _check_environment(data: dict) -> None:
+    for key in ("device", "card", "driver", "torch", "triton", "tilelang", "date"):
+        assert key in data["env"], key
+    assert data["env"]["device"] == "cpu" and data["quick"] is True and data["complete"] is True
+    assert _finite_positive(data["copy_gbps"])
+    assert set(data["conventions"]) >= {"lazy_attention_flops", "mhc_bytes", "mhc_sol", "time"}
+
+
+def _check_golden(records: list[dict]) -> None:
+    golden = [r for r in records if r["backend"] == "golden"]
+    assert {r["op"] for r in golden} == {"lazy_attention", "mhc"}
+    for r in golden:
+        assert r["reason"] is None, r
+        for key in ("fwd", "fwd_bwd"):
+            t = r[key]
+            assert _finite_positive(t["median_ms"]) and t["reps"] >= 1, t
+            assert t["min_ms"] <= t["q1_ms"] <= t["median_ms"] <= t["q3_ms"] <= t["max_ms"], t
+        rate = ("fwd_tflops", "fwd_bwd_tflops") if r["op"] == "lazy_attention" else ("fwd_sol", "fwd_bwd_sol")
+        assert all(_finite_positive(r["metrics"][k]) for k in rate), r["metrics"]
+        for d in ("fwd", "bwd"):  # golden in bf16 against golden float64: bf16 rounding, no more
+            e = r["check"][d]
+            assert 0 < e["rel"] < 2e-2 and math.isfinite(e["max_abs"]), (d, e)
+
+
+def _check_reasons(records: list[dict]) -> None:
+    others = [r for r in records if r["backend"] != "golden"]
+    assert {r["backend"] for r in others} == {"tilelang", "sdpa_flash"}
+    assert {r["op"] for r in others if r["backend"] == "sdpa_flash"} == {"lazy_attention"}  # attention-only
+    for r in others:
+        assert r["reason"] and r["fwd"] is None and r["fwd_bwd"] is None, r
+
+
+def test_quick_command_line(tmp_path):
+    """What CI runs: the real entry point, its table, JSON, plots and docs preview."""
+    page = docs.DOCS_PAGE
+    before = page.stat().st_mtime_ns if page.exists() else None
+    cmd = [sys.executable, "-m", "kernel_dispatch.bench", "--quick", "--backends", BACKENDS,
+           "--json", str(tmp_path / "quick.json"), "--docs"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=report.REPO, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (page.stat().st_mtime_ns if page.exists() else None) == before, "a CPU run wrote docs/benchmarks.md"
+    _check_table(proc.stdout)
+    data = json.loads((tmp_path / "quick.json").read_text())
+    _check_environment(data)
+    _check_golden(data["records"])
+    _check_reasons(data["records"])
+    for name in ("lazy_attention_time.png", "mhc_sol.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+    preview = (tmp_path / "benchmarks.md").read_text()
+    assert "Not a complete GPU run" in preview and "| golden |" in preview
+    assert (tmp_path / "benchmarks" / "results.json").exists()
+
+
+@pytest.fixture(scope="module")
+def gpu_like(tmp_path_factory) -> dict:
+    """A quick run made in-process, then relabelled as a complete H100 run (for the docs rules)."""
+    path = tmp_path_factory.mktemp("bench") / "quick.json"
+    assert bench.main(["--quick", "--json", str(path), "--no-plots"]) == 0
+    data = json.loads(path.read_text())
+    env = dict(data["env"], device="cuda", card="NVIDIA H100 80GB HBM3", capability="9.0", sms=132, memory_gib=79.2)
+    return dict(data, quick=False, env=env)
+
+
+def test_docs_page_only_from_gpu_runs(gpu_like):
+    cpu = dict(gpu_like, quick=True, env=dict(gpu_like["env"], device="cpu"))
+    with pytest.raises(ValueError, match="only a full GPU run"):
+        docs.write(cpu, docs.DOCS_PAGE)
+    assert docs.is_gpu_run(gpu_like) and not docs.is_gpu_run(cpu)
+    assert not docs.is_gpu_run(dict(gpu_like, complete=False))  # a run stopped early never becomes the page
+    page = docs.render(gpu_like, "benchmarks", ["lazy_attention_time.png"])
+    assert "Not a complete GPU run" not in page and "NVIDIA H100 80GB HBM3 (sm_90" in page
+    assert "![lazy_attention_time.png](benchmarks/lazy_attention_time.png)" in page
+
+
+def test_docs_regenerated_from_a_saved_gpu_json(gpu_like, tmp_path, monkeypatch, capsys):
+    """The GPU flow: run with --json on the GPU, then --from-json ... --docs here (the page redirected)."""
+    saved = tmp_path / "bench.json"
+    saved.write_text(json.dumps(gpu_like))
+    page = tmp_path / "docs" / "benchmarks.md"
+    monkeypatch.setattr(docs, "DOCS_PAGE", page)
+    assert bench.main(["--from-json", str(saved), "--docs"]) == 0
+    assert "| golden |" in capsys.readouterr().out
+    text = page.read_text()
+    assert "Not a complete GPU run" not in text and "NVIDIA H100 80GB HBM3" in text
+    assert json.loads((page.parent / "benchmarks" / "results.json").read_text())["env"]["device"] == "cuda"
+    assert (page.parent / "benchmarks" / "mhc_sol.png").read_bytes()[:8] == PNG
+
+
+def test_command_line_parsing():
+    assert bench._ints("1K,2048,32k") == (1024, 2048, 32768)
+    assert bench._D(bench.parse_args(["--D", "64,128", "--D", "mhc=1280"]).D) == {
+        "lazy_attention": (64, 128), "mhc": (1280,)}
+    for bad in (["--backends", "nope"], ["--L", "abc"], ["--D", "attn=64"], ["--ops", "mhc_pre"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
