@@ -22,3 +22,9 @@ def _clean_backend_state(monkeypatch):
     registry.set_yaml_backend(None)
     yield
     registry.set_yaml_backend(None)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets one intra-op thread: 2 workers x 2 threads on 2 cores spin-wait."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
