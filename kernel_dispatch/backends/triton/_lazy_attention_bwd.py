@@ -1,0 +1,315 @@
+"""Triton lazy attention backward kernels (deterministic: no atomics anywhere).
+
+Two kernels, run in this order:
+
+- ``lazy_attention_bwd_dq_kernel``: one program per (b, h, BLOCK query rows). Sweep 1 over the
+  keys gives, per row, R = sum_n Mk dA and Delta = sum_n P Mk dA (stored for the next kernel)
+  and the block's dtau partial sum_m R / i. Sweep 2 gives dQ and, on key blocks within W, the
+  diagonal sums of dS for dbias, written to a per-program scratch row (no float atomics: the
+  launcher reduces the partials with torch.sum).
+- ``lazy_attention_bwd_dkdv_kernel``: one program per (b, kv head, BLOCK_N keys), looping over
+  the query heads of its group and their query blocks, so dK/dV of a kv head sum in registers.
+
+Diagonal sums: for a tile of BLOCK query rows at ``start_m`` and BLOCK keys at ``start_n``
+(``start_m - start_n = kk * BLOCK``), distances d = m - n fall in two segments of BLOCK:
+segment kk (d = kk*BLOCK + j) holds ds[r, r - j] for j <= r, segment kk - 1 holds ds[r, r - j + BLOCK]
+for j > r. One ``tl.gather`` with column index (r - j) mod BLOCK gives both. Consecutive tiles
+of a program share a segment; the shared half is carried in registers so each program writes each
+segment once.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._lazy_attention_fwd import _bias_mask, _one_key_rows, _query_regions, _valid
+
+
+@triton.jit
+def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                  bias_row, stride_bw, offs_m, lo, hi, W, kv_len, L, qk_scale, CAUSAL: tl.constexpr,
+                  BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                  UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """R += sum_n Mk dA and Delta += sum_n P Mk dA over key blocks [lo, hi)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK):
+        offs_n = start_n + tl.arange(0, BLOCK)
+        kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        vt_ptr = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if MASK:
+            kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
+            vt = tl.load(vt_ptr, mask=offs_n[None, :] < L, other=0.0)
+        else:
+            kt = tl.load(kt_ptr)
+            vt = tl.load(vt_ptr)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASK:
+            p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
+        keep = (p + taui[:, None]) > 0
+        if MASK:
+            keep = keep & _valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
+        dpm = tl.where(keep, tl.dot(do, vt, input_precision=PREC), 0.0)
+        r_acc += tl.sum(dpm, 1)
+        d_acc += tl.sum(p * dpm, 1)
+    return r_acc, d_acc
+
+
+@triton.jit
+def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
+            stride_vd, bias_row, stride_bw, db_row, start_m, offs_m, lo, hi, W, kv_len, L, qk_scale, NSEG, SEG_OFF,
+            CAUSAL: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """dq += dS @ K over key blocks [lo, hi); with BIAS also the dS diagonal sums (see module doc)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_j = tl.arange(0, BLOCK)
+    for start_n in range(lo, hi, BLOCK):
+        offs_n = start_n + tl.arange(0, BLOCK)
+        k_ptr = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        vt_ptr = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if MASK:
+            k = tl.load(k_ptr, mask=offs_n[:, None] < L, other=0.0)
+            vt = tl.load(vt_ptr, mask=offs_n[None, :] < L, other=0.0)
+        else:
+            k = tl.load(k_ptr)
+            vt = tl.load(vt_ptr)
+        if UPCAST:
+            k = k.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASK:
+            p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
+        keep = (p + taui[:, None]) > 0
+        if MASK:
+            keep = keep & _valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
+        dp = tl.where(keep, tl.dot(do, vt, input_precision=PREC), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+        if BIAS:
+            seg = (start_m - start_n) // BLOCK + SEG_OFF
+            rows = offs_j[:, None]
+            cols = offs_j[None, :]
+            g = tl.gather(ds, (rows - cols + BLOCK) % BLOCK, 1)
+            upper = cols <= rows
+            this_seg = carry + tl.sum(tl.where(upper, g, 0.0), 0)
+            seg_j = offs_j * 0 + seg
+            tl.store(db_row + seg * BLOCK + offs_j, this_seg, mask=(seg_j >= 0) & (seg_j < NSEG))
+            carry = tl.sum(tl.where(upper, 0.0, g), 0)
+            carry_seg = seg - 1
+    return dq, carry, carry_seg
+
+
+@triton.jit
+def lazy_attention_bwd_dq_kernel(
+        Q, K, V, Bias, Tau, Lens, DO, LSE, DQ, DELTA, DTAU_PART, DB_PART,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_dob, stride_doh, stride_dom, stride_dod,
+        stride_bh, stride_bw, stride_tau,
+        H, L, W, GROUPS, qk_scale, sm_scale, NSEG, SEG_OFF, BH_OFF,
+        CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Grid (cdiv(L, BLOCK), n_bh) over (b, h) pairs BH_OFF ... BH_OFF + n_bh - 1 (b * H + h).
+
+    Writes DQ [B, H, L, D] (contiguous), DELTA [B*H, L], DTAU_PART [B*H, n_blocks] and
+    DB_PART [n_bh, n_blocks, NSEG, BLOCK] (diagonal sums of dS, segment s holding
+    d = (s - SEG_OFF) * BLOCK + j; slots not written must be zero).
+    """
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    start_m = pid_m * BLOCK
+    bh = tl.program_id(1) + BH_OFF
+    b = bh // H
+    h = bh % H
+    hk = h // GROUPS
+    if HAS_LENS:
+        seq_len = tl.load(Lens + b).to(tl.int32)
+    else:
+        seq_len = L
+    offs_m = start_m + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    bh64 = bh.to(tl.int64)
+    q_ptr = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
+    do_ptr = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+    do = tl.load(do_ptr, mask=offs_m[:, None] < seq_len, other=0.0)  # padded rows get no gradient
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+    bias_row = Bias + h * stride_bh
+    tau = tl.load(Tau + h * stride_tau)
+    if CAUSAL:
+        inv_i = 1.0 / (offs_m + 1).to(tl.float32)
+    else:
+        inv_i = 1.0 / (tl.zeros([BLOCK], dtype=tl.float32) + seq_len)
+    taui = tau * inv_i
+
+    band, mask, end = _query_regions(start_m, seq_len, W, BLOCK, BLOCK, CAUSAL)
+    end = tl.where(start_m < seq_len, end, 0)
+    mask = tl.minimum(mask, end)
+    band = tl.minimum(band, end)
+
+    r_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    d_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                 stride_vd, bias_row, stride_bw, offs_m, 0, band, W, seq_len, L, qk_scale, CAUSAL,
+                                 False, False, HEAD_DIM, BLOCK, UPCAST, PREC)
+    r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                 stride_vd, bias_row, stride_bw, offs_m, band, mask, W, seq_len, L, qk_scale,
+                                 CAUSAL, True, False, HEAD_DIM, BLOCK, UPCAST, PREC)
+    r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                 stride_vd, bias_row, stride_bw, offs_m, mask, end, W, seq_len, L, qk_scale,
+                                 CAUSAL, True, True, HEAD_DIM, BLOCK, UPCAST, PREC)
+    tl.store(DELTA + bh64 * L + offs_m, d_acc, mask=offs_m < L)
+    tl.store(DTAU_PART + bh64 * tl.num_programs(0) + pid_m, tl.sum(r_acc * inv_i, 0))
+
+    db_row = DB_PART + (tl.program_id(1).to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG * BLOCK
+    dq = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    carry = tl.zeros([BLOCK], dtype=tl.float32)
+    carry_seg = start_m * 0 - 1
+    dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
+                                   stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m, 0,
+                                   band, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, False, False, HEAD_DIM,
+                                   BLOCK, UPCAST, PREC)
+    dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
+                                   stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m,
+                                   band, mask, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, True, False,
+                                   HEAD_DIM, BLOCK, UPCAST, PREC)
+    dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
+                                   stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m,
+                                   mask, end, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, True, True, HEAD_DIM,
+                                   BLOCK, UPCAST, PREC)
+    offs_j = tl.arange(0, BLOCK)
+    seg_j = offs_j * 0 + carry_seg
+    tl.store(db_row + carry_seg * BLOCK + offs_j, carry, mask=(seg_j >= 0) & (seg_j < NSEG))
+    dq_ptr = DQ + bh64 * L * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < L)
+
+
+@triton.jit
+def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+              bias_row, stride_bw, tau, offs_n, lo, hi, W, kv_len, L, qk_scale, CAUSAL: tl.constexpr,
+              BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+              UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """dv += A^T dO and dk += dS^T Q over query blocks [lo, hi) (tiles held transposed: [keys, queries])."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=offs_m[:, None] < L,
+                    other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                     mask=offs_m[:, None] < kv_len, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        if CAUSAL:
+            taui = tau / (offs_m + 1).to(tl.float32)
+        else:
+            taui = tau / (tl.zeros([BLOCK_M], dtype=tl.float32) + kv_len)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        st = _bias_mask(st, offs_m[None, :], offs_n[:, None], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
+        pt = tl.math.exp2(st - lse2[None, :])
+        if MASK:
+            pt = _one_key_rows(pt, offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
+        shifted = pt + taui[None, :]
+        keep = shifted > 0
+        if MASK:
+            keep = keep & _valid(offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
+        at = tl.where(keep, shifted, 0.0)
+        dv = tl.dot(at.to(do.dtype), do, dv, input_precision=PREC)
+        dpt = tl.where(keep, tl.dot(v, tl.trans(do), input_precision=PREC), 0.0)
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def lazy_attention_bwd_dkdv_kernel(
+        Q, K, V, Bias, Tau, Lens, DO, LSE, DELTA, DK, DV,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_dob, stride_doh, stride_dom, stride_dod,
+        stride_bh, stride_bw, stride_tau,
+        H, HKV, L, W, GROUPS, qk_scale, sm_scale,
+        CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Grid (cdiv(L, BLOCK_N), B * Hkv). Writes DK, DV [B, Hkv, L, D] (contiguous), zero for padded keys."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)
+    b = bhk // HKV
+    hk = bhk % HKV
+    if HAS_LENS:
+        seq_len = tl.load(Lens + b).to(tl.int32)
+    else:
+        seq_len = L
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=offs_n[:, None] < L, other=0.0)
+    v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=offs_n[:, None] < L, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+
+    # query block starts: [begin, lo) far, [lo, mid) bias + mask, [mid, hi) bias, [hi, end) far
+    reach = start_n + BLOCK_N - 1 + W  # queries at or past this are farther than W from every key here
+    hi = ((reach + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        begin = (start_n // BLOCK_M) * BLOCK_M
+        lo = begin
+        mid = ((start_n + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    else:
+        begin = start_n * 0
+        x = start_n - W - BLOCK_M + 1
+        lo = tl.where(x < 0, 0, (x // BLOCK_M + 1) * BLOCK_M)
+        mid = lo
+    end = tl.where(start_n < seq_len, seq_len, begin)
+    if start_n + BLOCK_N > seq_len:  # padded keys in this block: mask every tile
+        lo = begin
+        mid = end
+        hi = end
+    lo = tl.minimum(tl.maximum(lo, begin), end)
+    mid = tl.minimum(tl.maximum(mid, lo), end)
+    hi = tl.minimum(tl.maximum(hi, mid), end)
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for g in range(0, GROUPS):
+        h = hk * GROUPS + g
+        bh64 = b64 * H + h
+        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh
+        lse_base = LSE + bh64 * L
+        delta_base = DELTA + bh64 * L
+        bias_row = Bias + h * stride_bh
+        tau = tl.load(Tau + h * stride_tau)
+        dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
+                           stride_dod, bias_row, stride_bw, tau, offs_n, begin, lo, W, seq_len, L, qk_scale, CAUSAL,
+                           False, False, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+        dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
+                           stride_dod, bias_row, stride_bw, tau, offs_n, lo, mid, W, seq_len, L, qk_scale, CAUSAL,
+                           True, True, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+        dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
+                           stride_dod, bias_row, stride_bw, tau, offs_n, mid, hi, W, seq_len, L, qk_scale, CAUSAL,
+                           True, False, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+        dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
+                           stride_dod, bias_row, stride_bw, tau, offs_n, hi, end, W, seq_len, L, qk_scale, CAUSAL,
+                           False, False, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+    out = bhk.to(tl.int64) * L * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < L)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < L)

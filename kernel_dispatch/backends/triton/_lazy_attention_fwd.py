@@ -1,0 +1,196 @@
+"""Triton lazy attention forward kernel and the score-tile helpers the backward shares.
+
+Layout: q [B, H, L, D]; k, v [B, Hkv, L, D] (any strides); bias [H, W] fp32; tau [H] fp32;
+lengths [B] int or absent. Scores live in the log2 domain (S * log2(e)): the launcher passes
+``qk_scale = scale * log2(e)`` and the bias is multiplied by log2(e) in the kernel.
+
+One program owns BLOCK_M query rows of one (b, h). Key blocks fall in three regions:
+``[0, band)`` far keys (no bias, no mask), ``[band, mask)`` keys within W (bias only),
+``[mask, end)`` keys that need the causal or the padding mask (bias and mask). Keys past the
+causal diagonal or past lengths[b] are never visited.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _bias_mask(s, m_idx, n_idx, bias_row, stride_bw, W, kv_len, CAUSAL: tl.constexpr, BIAS: tl.constexpr,
+               MASK: tl.constexpr):
+    """Add log2(e) * bias[h, m - n] (|m - n| when not causal) within W; set masked scores to -inf.
+
+    ``m_idx``/``n_idx`` are query/key positions broadcastable to the shape of ``s``.
+    """
+    if BIAS:
+        d = m_idx - n_idx
+        if not CAUSAL:
+            d = tl.abs(d)
+        near = (d >= 0) & (d < W)
+        b = tl.load(bias_row + d * stride_bw, mask=near, other=0.0)
+        s = s + b * 1.4426950408889634
+    if MASK:
+        s = tl.where(_valid(m_idx, n_idx, kv_len, CAUSAL), s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _valid(m_idx, n_idx, kv_len, CAUSAL: tl.constexpr):
+    """Key n is visible to query m: n < kv_len (and n <= m when causal)."""
+    ok = n_idx < kv_len
+    if CAUSAL:
+        ok = ok & (n_idx <= m_idx)
+    return ok
+
+
+@triton.jit
+def _one_key_rows(p, m_idx, n_idx, kv_len, CAUSAL: tl.constexpr):
+    """P = 1 exactly on rows with a single visible key (causal row 0, or lengths[b] == 1).
+
+    The backward recomputes P from the stored natural-log LSE, which rounds; at tau = -1 (the
+    usual initial value) such a row sits exactly on the relu kink P + tau/i = 0, and a P one ulp
+    above 1 would wrongly pass the strict > test and feed dtau.
+    """
+    if CAUSAL:
+        one = (m_idx == 0) | (kv_len == 1)
+    else:
+        one = (m_idx * 0 + kv_len) == 1
+    return tl.where(one & _valid(m_idx, n_idx, kv_len, CAUSAL), 1.0, p)
+
+
+@triton.jit
+def _query_regions(start_m, seq_len, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(band, mask, end): key block starts splitting [0, end) into far / within-W / masked regions."""
+    if CAUSAL:
+        end = tl.minimum(start_m + BLOCK_M, seq_len)
+        mask = tl.minimum((start_m // BLOCK_N) * BLOCK_N, (seq_len // BLOCK_N) * BLOCK_N)
+    else:
+        end = seq_len
+        mask = (seq_len // BLOCK_N) * BLOCK_N
+    # first key block whose nearest (query, key) pair is closer than W
+    x = tl.maximum(start_m - W - BLOCK_N + 2, 0)
+    band = tl.minimum(((x + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, mask)
+    return band, mask, end
+
+
+@triton.jit
+def _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, lo, hi, W, kv_len, L,
+               qk_scale, CAUSAL: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Online row max ``m_i`` and sum ``l_i`` of exp2(S) over key blocks [lo, hi) (sweep 1)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        if MASK:
+            kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
+        else:
+            kt = tl.load(kt_ptr)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * tl.math.exp2(m_i - m_new) + tl.sum(p, 1)
+        m_i = m_new
+    return m_i, l_i
+
+
+@triton.jit
+def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row, stride_bw,
+             offs_m, lo, hi, W, kv_len, L, qk_scale, CAUSAL: tl.constexpr, BIAS: tl.constexpr,
+             MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+             PREC: tl.constexpr):
+    """acc += relu(P + tau/i) @ V over key blocks [lo, hi), P = exp2(S - LSE2) (sweep 2)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptr = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if MASK:
+            kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
+            v = tl.load(v_ptr, mask=offs_n[:, None] < L, other=0.0)
+        else:
+            kt = tl.load(kt_ptr)
+            v = tl.load(v_ptr)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
+        a = tl.maximum(tl.math.exp2(s - lse2[:, None]) + taui[:, None], 0.0)
+        if MASK:  # tau > 0 would otherwise leak onto masked keys
+            a = tl.where(_valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL), a, 0.0)
+        acc = tl.dot(a.to(v.dtype), v, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def lazy_attention_fwd_kernel(
+        Q, K, V, Bias, Tau, Lens, O, LSE,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_bh, stride_bw, stride_tau,
+        H, L, W, GROUPS, qk_scale,
+        CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Grid (cdiv(L, BLOCK_M), B * H). Writes O [B, H, L, D] (every row) and LSE [B, H, L] (natural log)."""
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # longest causal rows first
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUPS
+    if HAS_LENS:
+        seq_len = tl.load(Lens + b).to(tl.int32)
+    else:
+        seq_len = L
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    q_ptr = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+    bias_row = Bias + h * stride_bh
+    tau = tl.load(Tau + h * stride_tau)
+    if CAUSAL:
+        taui = tau / (offs_m + 1).to(tl.float32)
+    else:
+        taui = tau / (tl.zeros([BLOCK_M], dtype=tl.float32) + seq_len)
+
+    band, mask, end = _query_regions(start_m, seq_len, W, BLOCK_M, BLOCK_N, CAUSAL)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, 0, band, W,
+                          seq_len, L, qk_scale, CAUSAL, False, False, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, band, mask, W,
+                          seq_len, L, qk_scale, CAUSAL, True, False, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, mask, end, W,
+                          seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    lse2 = m_i + tl.math.log2(l_i)
+    tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
+
+    # rows at or past lengths[b] are zero: a block of padded rows skips the second sweep
+    end = tl.where(start_m < seq_len, end, 0)
+    mask = tl.minimum(mask, end)
+    band = tl.minimum(band, end)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row,
+                   stride_bw, offs_m, 0, band, W, seq_len, L, qk_scale, CAUSAL, False, False, HEAD_DIM, BLOCK_N,
+                   UPCAST, PREC)
+    acc = _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row,
+                   stride_bw, offs_m, band, mask, W, seq_len, L, qk_scale, CAUSAL, True, False, HEAD_DIM, BLOCK_N,
+                   UPCAST, PREC)
+    acc = _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row,
+                   stride_bw, offs_m, mask, end, W, seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N,
+                   UPCAST, PREC)
+    acc = tl.where(offs_m[:, None] < seq_len, acc, 0.0)
+    o_ptr = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < L)

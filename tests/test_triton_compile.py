@@ -1,0 +1,70 @@
+"""Compile-only check of every shipped Triton lazy attention kernel configuration for sm_90.
+
+Each configuration is compiled for ``GPUTarget("cuda", 90, 32)`` in a separate process
+(without TRITON_INTERPRET, which this test session sets) and must fit sm_90's 232448 bytes of
+shared memory. No GPU is needed: triton ships ptxas. The quick suite compiles every distinct
+config at the largest head dim it ships for (shared memory grows with the head dim), for bf16
+(the same bytes as fp16) and fp32, causal; the rest (every head dim and dtype, and non-causal)
+is marked slow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_dispatch.backends.triton._compile_check import SM90_SHARED_BYTES
+from kernel_dispatch.backends.triton.lazy_attention import sm90_compile_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_WORKER = """
+import json, sys
+from kernel_dispatch.backends.triton._compile_check import compile_for_sm90
+from kernel_dispatch.backends.triton.lazy_attention import sm90_compile_specs
+spec = next(s for s in sm90_compile_specs(causal=(True, False)) if s["id"] == sys.argv[1])
+shared = compile_for_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
+                          divisible=spec["divisible"])
+print(json.dumps({"id": spec["id"], "shared": shared}))
+"""
+
+
+def _quick_ids() -> set[str]:
+    seen, quick = set(), set()
+    for d in (128, 64, 32, 16):
+        for s in sm90_compile_specs(head_dims=(d,), dtypes=(torch.bfloat16, torch.float32)):
+            key = s["id"].replace(f"-d{d}-", "-")
+            if key not in seen:
+                seen.add(key)
+                quick.add(s["id"])
+    return quick
+
+
+def _params():
+    quick = _quick_ids()
+    slow_extra = {s["id"] for s in sm90_compile_specs(head_dims=(128,), dtypes=(torch.bfloat16,), causal=(False,))}
+    ids = [s["id"] for s in sm90_compile_specs()] + sorted(slow_extra)
+    return [pytest.param(i, id=i, marks=() if i in quick else pytest.mark.slow) for i in ids]
+
+
+def compile_in_subprocess(spec_id: str) -> int:
+    """Shared memory (bytes) of the spec ``spec_id`` compiled for sm_90 in a fresh interpreter-free process."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", _WORKER, spec_id], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"{spec_id}: compile failed\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])["shared"]
+
+
+@pytest.mark.parametrize("spec_id", _params())
+def test_lazy_attention_config_fits_sm90(spec_id):
+    shared = compile_in_subprocess(spec_id)
+    print(f"{spec_id}: {shared} bytes of shared memory")
+    assert 0 < shared <= SM90_SHARED_BYTES, f"{spec_id}: {shared} bytes > {SM90_SHARED_BYTES}"
