@@ -1,0 +1,273 @@
+"""Pieces shared by the Triton mHC kernels: autotuning, input checks, the GEMM products and the
+per-token Sinkhorn.
+
+Sinkhorn tiles are [BT, n, n] fp32 in [in, out] layout (axis 1 = input stream i, axis 2 = output
+stream o), as SPEC section 2 writes C[i, o].
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+N_STREAMS = (1, 2, 4, 8)
+X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # x's dtype -> GEMM scheme (see dot_xw)
+
+
+def autotune(configs, interpret_config, key: list[str]):
+    """``triton.autotune`` with winners cached on disk; ONE config under the interpreter.
+
+    ``configs``: a list, or a function ``(x_kind, n) -> list`` when the best tiles depend on the
+    dtype of the kernel's ``x_ptr`` argument (x [T, n, D], see X_KINDS) and on n; then only those
+    are benchmarked.
+    """
+    if INTERPRET:
+        return triton.autotune([interpret_config], key=key)
+    kwargs = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    if isinstance(configs, list):
+        return triton.autotune(configs, key=key, **kwargs)
+    table = {(kind, n): configs(kind, n) for kind in X_KINDS.values() for n in N_STREAMS}
+    union = list({id(c): c for cfgs in table.values() for c in cfgs}.values())
+
+    def prune(cfgs, named_args, **_):
+        x = named_args["x_ptr"]
+        allowed = {id(c) for c in table[X_KINDS[x.dtype], x.shape[1]]}
+        return [c for c in cfgs if id(c) in allowed]
+
+    return triton.autotune(union, key=key, prune_configs_by={"early_config_prune": prune}, **kwargs)
+
+
+def check_streams(name: str, x: torch.Tensor) -> tuple[int, int, int]:
+    """(T, n, D) of a [T, n, D] tensor, or ValueError/TypeError naming ``name``."""
+    if x.dim() != 3:
+        raise ValueError(f"{name}: expected [T, n, D], got shape {list(x.shape)}")
+    T, n, D = x.shape
+    if n not in N_STREAMS:
+        raise ValueError(f"{name}: n = {n} not supported by the triton mHC kernels (n in {N_STREAMS})")
+    if x.dtype not in X_DTYPES:
+        raise TypeError(f"{name}: dtype {x.dtype} not supported by the triton mHC kernels (fp16, bf16, fp32)")
+    if x.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"{name}: expected a CUDA tensor (or TRITON_INTERPRET=1), got device {x.device}")
+    return T, n, D
+
+
+def empty(*shape: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Every buffer the mHC launchers allocate (tests poison these with NaN to prove each element is written)."""
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def f32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous fp32 (a no-op for contiguous fp32)."""
+    return t.to(torch.float32).contiguous()
+
+
+def narrow_strides(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself unless an offset within one token could overflow int32 (then a contiguous copy)."""
+    if any(abs(s) * (n - 1) >= 2 ** 31 for s, n in zip(t.stride()[1:], t.shape[1:])):
+        return t.contiguous()
+    return t
+
+
+def pow2_at_least(v: int, lo: int) -> int:
+    return max(lo, triton.next_power_of_2(v))
+
+
+_INTERPRET = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def dot16(a, b, acc):
+    """acc + a @ b for 16-bit operands, fp32 accumulation.
+
+    The interpreter (triton 3.9) multiplies bf16 tiles as their raw uint16 bits, so there the
+    product runs on exact fp32 copies instead.
+    """
+    if _INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def split_bf16(a):
+    """(hi, lo) bf16 with a = hi + lo to about 2^-17 relative; a fp32 (for fp16 values, exactly)."""
+    hi = a.to(tl.bfloat16)
+    return hi, (a - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def split_for(a, X_KIND: tl.constexpr):
+    """The operand form of fp32 ``a`` for the products below: bf16 (hi, lo), or (a, a) for X_KIND 2."""
+    if X_KIND == 2:
+        hi, lo = a, a
+    else:
+        hi, lo = split_bf16(a)
+    return hi, lo
+
+
+# The GEMMs keep about 17 bits of every fp32 operand (plain TF32 keeps 11, which moves mhc_pre's
+# dalpha beyond its tolerance on small batches). X_KIND says how the activations x are stored:
+# 0 bf16 (exact in bf16: two products), 1 fp16 (split exactly into bf16 hi + lo: three leading
+# products), 2 fp32 (TF32x3). fp32 operands come as bf16 (hi, lo) pairs from split_for.
+
+@triton.jit
+def dot_xw(x, w_hi, w_lo, acc, X_KIND: tl.constexpr):
+    """acc + x @ w; x [M, K] in the activations' dtype, w [K, N] fp32 as (hi, lo)."""
+    if X_KIND == 2:
+        acc = tl.dot(x, w_hi, acc, input_precision="tf32x3")
+    elif X_KIND == 0:
+        acc = dot16(x, w_hi, acc)
+        acc = dot16(x, w_lo, acc)
+    else:
+        x_hi, x_lo = split_bf16(x.to(tl.float32))
+        acc = dot16(x_hi, w_hi, acc)
+        acc = dot16(x_hi, w_lo, acc)
+        acc = dot16(x_lo, w_hi, acc)
+    return acc
+
+
+@triton.jit
+def dot_wx(w_hi, w_lo, x, acc, X_KIND: tl.constexpr):
+    """acc + w @ x; w [M, K] fp32 as (hi, lo), x [K, N] in the activations' dtype."""
+    if X_KIND == 2:
+        acc = tl.dot(w_hi, x, acc, input_precision="tf32x3")
+    elif X_KIND == 0:
+        acc = dot16(w_hi, x, acc)
+        acc = dot16(w_lo, x, acc)
+    else:
+        x_hi, x_lo = split_bf16(x.to(tl.float32))
+        acc = dot16(w_hi, x_hi, acc)
+        acc = dot16(w_lo, x_hi, acc)
+        acc = dot16(w_hi, x_lo, acc)
+    return acc
+
+
+@triton.jit
+def dot_ww(a_hi, a_lo, b_hi, b_lo, acc, X_KIND: tl.constexpr):
+    """acc + a @ b; both fp32 as (hi, lo): the three leading bf16 products, or TF32x3 for X_KIND 2."""
+    if X_KIND == 2:
+        acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32x3")
+    else:
+        acc = dot16(a_hi, b_hi, acc)
+        acc = dot16(a_lo, b_hi, acc)
+        acc = dot16(a_hi, b_lo, acc)
+    return acc
+
+
+@triton.jit
+def softmax_eps(logits, EPS):
+    """softmax over the output-stream axis (2) plus EPS; [BT, n, n] fp32."""
+    e = tl.exp(logits - tl.max(logits, 2)[:, :, None])
+    return e / tl.sum(e, 2)[:, :, None] + EPS
+
+
+@triton.jit
+def norm_in(c, EPS):
+    """c / (sum over input streams + EPS): SPEC's normalisation over dim -2."""
+    return c / (tl.sum(c, 1)[:, None, :] + EPS)
+
+
+@triton.jit
+def norm_out(c, EPS):
+    """c / (sum over output streams + EPS): SPEC's normalisation over dim -1."""
+    return c / (tl.sum(c, 2)[:, :, None] + EPS)
+
+
+@triton.jit
+def norm_in_bwd(dy, c, EPS):
+    """Gradient of :func:`norm_in` at its input ``c`` given ``dy``."""
+    den = tl.sum(c, 1)[:, None, :] + EPS
+    return (dy - tl.sum(dy * (c / den), 1)[:, None, :]) / den
+
+
+@triton.jit
+def norm_out_bwd(dy, c, EPS):
+    """Gradient of :func:`norm_out` at its input ``c`` given ``dy``."""
+    den = tl.sum(c, 2)[:, :, None] + EPS
+    return (dy - tl.sum(dy * (c / den), 2)[:, :, None]) / den
+
+
+@triton.jit
+def sinkhorn(logits, ITERS, EPS):
+    """h_res of SPEC section 2 from the res logits [BT, n, n] fp32."""
+    c = norm_in(softmax_eps(logits, EPS), EPS)
+    for _ in range(ITERS - 1):
+        c = norm_in(norm_out(c, EPS), EPS)
+    return c
+
+
+@triton.jit
+def sinkhorn_bwd(logits, dc, ITERS, EPS, scr, STEP: tl.constexpr):
+    """d logits [BT, n, n] of :func:`sinkhorn` given dc, through every iteration exactly.
+
+    ``scr``: [BT, n, n] pointers to slot 0 of this block's fp32 scratch, slots STEP elements
+    apart, 2 * ITERS - 1 slots: the input of every normalisation, stored going forward and read
+    back in reverse by the same threads.
+    """
+    c = softmax_eps(logits, EPS)
+    tl.store(scr, c)
+    c = norm_in(c, EPS)
+    for k in range(ITERS - 1):
+        tl.store(scr + (2 * k + 1) * STEP, c)
+        c = norm_out(c, EPS)
+        tl.store(scr + (2 * k + 2) * STEP, c)
+        c = norm_in(c, EPS)
+    tl.debug_barrier()
+    for j in range(ITERS - 1):
+        k = ITERS - 2 - j
+        dc = norm_in_bwd(dc, tl.load(scr + (2 * k + 2) * STEP), EPS)
+        dc = norm_out_bwd(dc, tl.load(scr + (2 * k + 1) * STEP), EPS)
+    dc = norm_in_bwd(dc, tl.load(scr), EPS)
+    e = tl.exp(logits - tl.max(logits, 2)[:, :, None])
+    p = e / tl.sum(e, 2)[:, :, None]
+    return p * (dc - tl.sum(dc * p, 2)[:, :, None])
+
+
+# ----------------------------------------------------------------------------- sm_90 compile specs
+
+_TL_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_X_ARGS = {"x_ptr", "g_ptr", "h_in_ptr", "dx_ptr", "f_ptr", "out_ptr", "df_ptr"}  # in the activations' dtype
+_UNIT_STRIDES = {"sxd", "sgd", "sfd"}
+_DIVISIBLE = {"T", "D", "sxt", "sxi", "sgt", "sgo", "sft", "TPS", "total", "ND"}
+_FLOATS = {"post_mult", "norm_eps", "pre_eps", "sk_eps"}
+
+
+def compile_spec(kernel, name: str, x_dtype: torch.dtype, n: int, constexprs: dict, config=None,
+                 num_warps: int = 4, num_stages: int = 3) -> dict:
+    """One (kernel, config) as the arguments of ``_compile_check.compile_for_sm90``.
+
+    Typed as a contiguous launch specializes it: unit strides the constant 1, pointers 16-byte
+    aligned, sizes and other strides multiples of 16 (the shared-memory worst case). W planes are
+    bf16 unless x is fp32. Returns a dict: id, fn, signature, constexprs, num_warps, num_stages,
+    divisible.
+    """
+    fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+    const = dict(constexprs, **(config.kwargs if config is not None else {}))
+    sig, div = {}, []
+    for a in fn.arg_names:
+        if a in const:
+            continue
+        if a in _UNIT_STRIDES:
+            const[a] = 1
+        elif a in _X_ARGS:
+            sig[a] = "*" + _TL_DTYPE[x_dtype]
+        elif a in ("w_ptr", "wlo_ptr"):
+            sig[a] = "*fp32" if x_dtype == torch.float32 else "*bf16"
+        elif a.endswith("_ptr"):
+            sig[a] = "*fp32"
+        elif a in _FLOATS:
+            sig[a] = "fp32"
+        else:
+            sig[a] = "i32"
+            if a in _DIVISIBLE:
+                div.append(a)
+    if config is not None:
+        num_warps, num_stages = config.num_warps, config.num_stages
+    tiles = "x".join(f"{k}{v}" for k, v in (config.kwargs.items() if config is not None else ()))
+    return {"id": f"{name}-{_TL_DTYPE[x_dtype]}-n{n}" + (f"-{tiles}" if tiles else "") + f"-w{num_warps}s{num_stages}",
+            "fn": fn, "signature": sig, "constexprs": const, "num_warps": num_warps, "num_stages": num_stages,
+            "divisible": div}

@@ -1,0 +1,147 @@
+"""mHC pre on Triton (SPEC section 2): launchers; the kernels live in _mhc_pre_fwd / _mhc_pre_bwd.
+
+Same functions, signatures, outputs and residuals as ``kernel_dispatch/golden/mhc_pre.py``:
+x [T, n, D] fp16/bf16/fp32 with any strides; phi [M, n*D], alpha [3], bias [M], gamma [n*D] or
+None (converted to contiguous fp32 here); residuals z [T, M] and inv_rms [T] fp32. The h_mix GEMM
+and the two backward GEMMs run on tensor cores keeping about 17 bits of every fp32 operand (bf16
+hi/lo splits; TF32x3 for fp32 x), so no TF32 tolerance is claimed. Parameter gradients are
+reduced in a fixed order (per-block and per-split partials, summed by a kernel or torch.sum), so
+they are bitwise reproducible.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._mhc_common import INTERPRET, X_KINDS, check_streams, compile_spec, f32, narrow_strides, pow2_at_least
+from ._mhc_common import empty as _empty
+from ._mhc_pre_bwd import (BT_TOKEN, GRAD_INTERPRET_CONFIG, GRAD_SPLIT_ALIGN, PARAM_BC, PARAM_WARPS, TOKEN_CONFIGS,
+                           grad_configs, mhc_pre_bwd_grad_kernel, mhc_pre_bwd_param_kernel, mhc_pre_bwd_token_kernel)
+from ._mhc_pre_fwd import WEIGHTS_BLOCK, configs, mhc_pre_fwd_kernel, mhc_pre_weights_kernel
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+
+
+def _prepare(x, phi, alpha, bias, gamma):
+    """Checked sizes (T, n, D, M) and the parameters as contiguous fp32."""
+    T, n, D = check_streams("x", x)
+    M = n * n + 2 * n
+    _check("phi", phi, (M, n * D))
+    _check("alpha", alpha, (3,))
+    _check("bias", bias, (M,))
+    if gamma is not None:
+        _check("gamma", gamma, (n * D,))
+    return T, n, D, M, f32(phi), f32(alpha), f32(bias), None if gamma is None else f32(gamma)
+
+
+def _weights(phi: torch.Tensor, gamma: torch.Tensor | None, x_kind: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W = phi * gamma [M, n*D] as the GEMM operand of ``x_kind``: bf16 (hi, lo), or fp32 (W, W)."""
+    split = x_kind != 2
+    w = _empty(*phi.shape, dtype=torch.bfloat16 if split else torch.float32, device=phi.device)
+    w_lo = _empty(*w.shape, dtype=w.dtype, device=w.device) if split else w
+    mhc_pre_weights_kernel[(triton.cdiv(phi.numel(), WEIGHTS_BLOCK),)](
+        phi, phi if gamma is None else gamma, w, w_lo, phi.numel(), phi.shape[1], HAS_GAMMA=gamma is not None,
+        SPLIT=split, BLOCK=WEIGHTS_BLOCK)
+    return w, w_lo
+
+
+def _grad_splits(T: int, n: int, D: int, device: torch.device) -> tuple[int, int]:
+    """(S, tokens per split) of the grad kernel: about 4 programs per SM at 256 columns a chunk."""
+    sms = 4 if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
+    align = GRAD_INTERPRET_CONFIG.kwargs["BT"] if INTERPRET else GRAD_SPLIT_ALIGN
+    chunks = triton.cdiv(n * D, 256)
+    s = max(1, min(round(4 * sms / chunks), triton.cdiv(T, align)))
+    tps = triton.cdiv(triton.cdiv(T, s), align) * align
+    return triton.cdiv(T, tps), tps
+
+
+def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, norm_eps: float,
+            pre_eps: float, sinkhorn_eps: float):
+    """(h_in [T, D] x.dtype, h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]) for x [T, n, D]; fp32."""
+    T, n, D, M, phi, alpha, bias, gamma = _prepare(x, phi, alpha, bias, gamma)
+    x = narrow_strides(x)
+    dev, f = x.device, torch.float32
+    h_in = _empty(T, D, dtype=x.dtype, device=dev)
+    h_post = _empty(T, n, dtype=f, device=dev)
+    h_res = _empty(T, n, n, dtype=f, device=dev)
+    z = _empty(T, M, dtype=f, device=dev)
+    inv_rms = _empty(T, dtype=f, device=dev)
+    w, w_lo = _weights(phi, gamma, X_KINDS[x.dtype])
+    mhc_pre_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BT"]),)](
+        x, w, w_lo, alpha, bias, h_in, h_post, h_res, z, inv_rms,
+        T, D, *x.stride(), int(sinkhorn_iters), float(post_mult), float(norm_eps), float(pre_eps),
+        float(sinkhorn_eps), X_KIND=X_KINDS[x.dtype], N=n, M=M, MP=pow2_at_least(M, 16))
+    return h_in, h_post, h_res, z, inv_rms
+
+
+def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters: int,
+             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float):
+    """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None), contiguous.
+
+    dh_in [T, D] (any dtype and strides), dh_post [T, n], dh_res [T, n, n]; z [T, M] and inv_rms [T]
+    from :func:`forward`. Parameter gradients come back in the dtypes of phi, alpha, bias, gamma.
+    """
+    T, n, D, M, phi32, alpha32, bias32, gamma32 = _prepare(x, phi, alpha, bias, gamma)
+    _check("dh_in", dh_in, (T, D))
+    _check("dh_post", dh_post, (T, n))
+    _check("dh_res", dh_res, (T, n, n))
+    _check("z", z, (T, M))
+    _check("inv_rms", inv_rms, (T,))
+    x, dh_in = narrow_strides(x), narrow_strides(dh_in)
+    iters = int(sinkhorn_iters)
+    dev, f = x.device, torch.float32
+    has_gamma = gamma is not None
+
+    blocks = triton.cdiv(T, BT_TOKEN)
+    dlog = _empty(T, M, dtype=f, device=dev)
+    coef = _empty(T, dtype=f, device=dev)
+    h_pre = _empty(T, n, dtype=f, device=dev)
+    block_sums = _empty(blocks, M + 3, dtype=f, device=dev)
+    scratch = _empty(blocks * (2 * iters - 1) * BT_TOKEN * n * n, dtype=f, device=dev)
+    mhc_pre_bwd_token_kernel[(blocks,)](
+        x, dh_in, f32(dh_post), f32(dh_res), f32(z), f32(inv_rms), alpha32, bias32, dlog, coef, h_pre, block_sums,
+        scratch, T, D, *x.stride(), *dh_in.stride(), iters, float(post_mult), float(pre_eps), float(sinkhorn_eps),
+        N=n, M=M, BT=BT_TOKEN)
+
+    splits, tps = _grad_splits(T, n, D, dev)
+    mp = pow2_at_least(M, 16)
+    dx = _empty(T, n, D, dtype=x.dtype, device=dev)
+    partial = _empty(splits, M, n * D, dtype=f, device=dev)
+    w, w_lo = _weights(phi32, gamma32, X_KINDS[x.dtype])
+    mhc_pre_bwd_grad_kernel[lambda meta: (triton.cdiv(D, meta["BK"] // n), splits)](
+        x, dh_in, w, w_lo, alpha32, dlog, f32(inv_rms), coef, h_pre, dx, partial, T, D, tps,
+        *x.stride(), *dh_in.stride(), X_KIND=X_KINDS[x.dtype], N=n, M=M, MP=mp)
+
+    dphi = _empty(M, n * D, dtype=f, device=dev)
+    dgamma = _empty(n * D, dtype=f, device=dev) if has_gamma else dphi
+    mhc_pre_bwd_param_kernel[(triton.cdiv(n * D, PARAM_BC),)](
+        partial, phi32, phi32 if gamma32 is None else gamma32, dphi, dgamma, splits, n * D,
+        HAS_GAMMA=has_gamma, M=M, MP=mp, BC=PARAM_BC, num_warps=PARAM_WARPS)
+
+    sums = block_sums.sum(0)
+    dbias, dalpha = sums[:M].clone(), sums[M:].clone()
+    return (dx, dphi.to(phi.dtype), dalpha.to(alpha.dtype), dbias.to(bias.dtype),
+            dgamma.to(gamma.dtype) if has_gamma else None)
+
+
+def sm90_compile_specs(dtypes=(torch.bfloat16,), ns=(4,)):
+    """Every shipped (kernel, config) of mHC pre for x of ``dtypes`` and ``ns`` streams, as arguments of
+    ``_compile_check.compile_for_sm90`` (see ``_mhc_common.compile_spec``)."""
+    for dt in dtypes:
+        kind = X_KINDS[dt]
+        for n in ns:
+            m = n * n + 2 * n
+            mp = pow2_at_least(m, 16)
+            yield compile_spec(mhc_pre_weights_kernel, "weights", dt, n,
+                               dict(HAS_GAMMA=True, SPLIT=kind != 2, BLOCK=WEIGHTS_BLOCK))
+            for c in configs(kind, n):
+                yield compile_spec(mhc_pre_fwd_kernel, "fwd", dt, n, dict(X_KIND=kind, N=n, M=m, MP=mp), c)
+            for c in TOKEN_CONFIGS:
+                yield compile_spec(mhc_pre_bwd_token_kernel, "token", dt, n, dict(N=n, M=m, BT=BT_TOKEN), c)
+            for c in grad_configs(kind, n):
+                yield compile_spec(mhc_pre_bwd_grad_kernel, "grad", dt, n, dict(X_KIND=kind, N=n, M=m, MP=mp), c)
+            yield compile_spec(mhc_pre_bwd_param_kernel, "param", dt, n, dict(HAS_GAMMA=True, M=m, MP=mp, BC=PARAM_BC),
+                               num_warps=PARAM_WARPS)

@@ -1,0 +1,112 @@
+"""Run hygiene of the Triton mHC kernels, beyond the equivalence matrix.
+
+- Determinism (CUDA only): the backward run twice on the same inputs is bitwise equal (dphi,
+  dalpha, dbias, dgamma by contract; dx and the post gradients too, since no kernel uses atomics).
+- Every output element is written: every buffer the launchers allocate is poisoned with NaN.
+- Stream counts the matrix does not cover (n = 1 and 8), and token splits of the grad kernel
+  that do not divide T.
+- The CUDA tile configs: under the interpreter the launchers use one small config; here every
+  shipped CUDA config runs once through the interpreter too, so the tile logic is tested with
+  the tile shapes that the GPU runs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_dispatch.backends.triton import _mhc_pre_bwd as pre_bwd
+from kernel_dispatch.backends.triton import _mhc_pre_fwd as pre_fwd
+from kernel_dispatch.backends.triton import mhc_post as tpost
+from kernel_dispatch.backends.triton import mhc_pre as tpre
+from kernel_dispatch.backends.triton._mhc_common import INTERPRET, X_KINDS
+
+from .cases import MHCCase, make_inputs, run, upcast
+from .tolerances import rel_err, tolerance
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+HP = (20, 2.0, 1e-6, 1e-6, 1e-6)  # sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps
+
+
+def _check(op: str, case: MHCCase, dtype: torch.dtype, seed: int = 0) -> None:
+    """Triton through the public op (forward and backward) against golden float64, with the tolerance table."""
+    inp = make_inputs(op, case, dtype, DEVICE, seed=seed)
+    got, ref = run(op, inp, "triton"), run(op, upcast(inp), "golden")
+    for name, value in got.items():
+        assert torch.isfinite(value).all(), f"{op} {name}: not every element written (NaN/inf left)"
+        err, tol = rel_err(value, ref[name]), tolerance(op, dtype, name)
+        assert err <= tol, f"{op} {case.name} {name}: rel err {err:.3e} > tol {tol:.3e}"
+
+
+def _pre_args(inp):
+    t = inp.tensors
+    return t["x"], t["phi"], t["alpha"], t["bias"], t.get("gamma")
+
+
+@pytest.mark.skipif(not CUDA, reason="determinism of the compiled kernels needs a CUDA device "
+                                     "(the interpreter runs programs one at a time)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_backward_is_bitwise_deterministic(dtype):
+    case = MHCCase("determinism", lead=(4099,), n=4, D=1024)
+    inp = make_inputs("mhc_pre", case, dtype, DEVICE, seed=3)
+    x, phi, alpha, bias, gamma = _pre_args(inp)
+    h_in, h_post, h_res, z, inv_rms = tpre.forward(x, phi, alpha, bias, gamma, *HP)
+    assert tpre._grad_splits(x.shape[0], 4, 1024, x.device)[0] > 1, "the case must use several token splits"
+    first = tpre.backward(*inp.grads, x, phi, alpha, bias, gamma, z, inv_rms, *HP)
+    g = torch.randn(x.shape, device=DEVICE).to(dtype)
+    post_first = tpost.backward(g, h_in, x, h_post, h_res)
+    for _ in range(3):
+        again = tpre.backward(*inp.grads, x, phi, alpha, bias, gamma, z, inv_rms, *HP)
+        for name, a, b in zip(("dx", "dphi", "dalpha", "dbias", "dgamma"), first, again):
+            assert torch.equal(a, b), f"mhc_pre {name} differs between two runs on the same inputs"
+        for name, a, b in zip(("df", "dx", "dh_post", "dh_res"), post_first, tpost.backward(g, h_in, x, h_post, h_res)):
+            assert torch.equal(a, b), f"mhc_post {name} differs between two runs on the same inputs"
+
+
+@pytest.mark.parametrize("op", ["mhc_pre", "mhc_post"])
+def test_every_output_element_is_written(op, monkeypatch):
+    def poisoned(*shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(tpre, "_empty", poisoned)
+    monkeypatch.setattr(tpost, "_empty", poisoned)
+    _check(op, MHCCase("poison", lead=(37,), n=4, D=40), torch.float32, seed=1)
+
+
+@pytest.mark.parametrize("op", ["mhc_pre", "mhc_post"])
+@pytest.mark.parametrize("case", [MHCCase("one_stream", lead=(3, 5), n=1, D=48),
+                                  MHCCase("eight_streams", lead=(19,), n=8, D=24, noncontig=True)],
+                         ids=lambda c: c.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_stream_counts_outside_the_matrix(op, case, dtype):
+    _check(op, case, dtype)
+
+
+def test_grad_token_splits_that_do_not_divide_t(monkeypatch):
+    monkeypatch.setattr(tpre, "_grad_splits", lambda T, n, D, device: (4, 16))  # 16 + 16 + 16 + 2 tokens
+    _check("mhc_pre", MHCCase("splits", lead=(50,), n=4, D=24), torch.float32)
+
+
+def _cuda_config_params():
+    params = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        kind = X_KINDS[dtype]
+        fwd, grad = pre_fwd.configs(kind, 4), pre_bwd.grad_configs(kind, 4)
+        tok, pf, pb = pre_bwd.TOKEN_CONFIGS, tpost.FWD_CONFIGS, tpost.BWD_CONFIGS
+        for i in range(max(len(fwd), len(grad), len(tok), len(pf), len(pb))):
+            cfgs = (fwd[i % len(fwd)], tok[i % len(tok)], grad[i % len(grad)], pf[i % len(pf)], pb[i % len(pb)])
+            marks = () if dtype == torch.bfloat16 else pytest.mark.slow
+            params.append(pytest.param(dtype, cfgs, id=f"{str(dtype)[6:]}-{i}", marks=marks))
+    return params
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the CUDA configs run natively in the GPU checks")
+@pytest.mark.parametrize("dtype,cfgs", _cuda_config_params())
+def test_cuda_configs_under_interpreter(dtype, cfgs, monkeypatch):
+    kernels = (pre_fwd.mhc_pre_fwd_kernel, pre_bwd.mhc_pre_bwd_token_kernel, pre_bwd.mhc_pre_bwd_grad_kernel,
+               tpost.mhc_post_fwd_kernel, tpost.mhc_post_bwd_kernel)
+    for kernel, cfg in zip(kernels, cfgs):
+        monkeypatch.setattr(kernel, "configs", [cfg])
+    monkeypatch.setattr(tpre, "_grad_splits", lambda T, n, D, device: (2, 64))
+    _check("mhc_pre", MHCCase("cuda_configs", lead=(70,), n=4, D=72), dtype)  # two token splits, D % 64 != 0
+    _check("mhc_post", MHCCase("cuda_configs", lead=(9,), n=4, D=72), dtype)
