@@ -1,0 +1,103 @@
+"""TileLang kernel factory: the mHC pre backward GEMMs, dx and the dphi partials.
+
+dx[t, i, d] = (G @ pg)[t, i*D + d] - coef[t] x[t, i, d] + h_pre[t, i] dh_in[t, d]
+grad_pg partial: sum over a split's tokens of G[t, m] x[t, i, d]
+
+CTA (feature chunk of DC, token split s) handles the n streams of its chunk as one tile of
+n*DC columns: their slices of W (bf16 pieces of phi * gamma, ``_mhc_pre_weights_kernel`` layout
+"bwd") stay in shared memory, and token blocks of x (the n streams side by side), dh_in, Gp and
+Aux stream through a TMA pipeline. Per token block, three bf16 wgmma batches with Gp = [G_hi, 0,
+G_lo, 0]: dx = Gp @ [hi; 0; hi; 0] + G_hi @ [lo; 0] (G_hi hi + G_lo hi + G_hi lo, error ~2^-17),
+and acc [64, n*DC] += Gp^T @ x (rows m and 32 + m: the G_hi and G_lo products), kept in
+registers over the whole token range and written raw per split; the param kernel adds the two
+halves and the splits in a fixed order, so dphi and dgamma are deterministic.
+
+x may come in P bf16 pieces (P = 2 for fp16 x, x = hi + lo exactly): XP [T, P, n, D].
+Layout: XP [T, P, n, D] bf16; GIn [T, D] and DX [T, n, D] in ``dtype``; Gp [T, 64] bf16;
+Aux [T, 8] fp32 (coef, h_pre[0..n-1]); W [96, n, D] bf16; Part [S, 64, NCH, n*DC] fp32 with
+NCH = ceil(D / DC) (column i*DC + d of chunk c is feature c*DC + d of stream i). T symbolic, D
+static (the last chunk is masked when DC does not divide D).
+"""
+from __future__ import annotations
+
+import functools
+
+from ._build import import_tilelang
+from ._mhc_common import N_STREAMS, SMEM_LIMIT
+
+
+def smem_bytes(dtype: str, P: int, DC: int, BT: int, stages: int) -> int:
+    """An upper bound of the kernel's shared memory (the sum of its buffers)."""
+    es, NC = (4 if dtype == "float32" else 2), N_STREAMS * DC
+    stage = P * BT * NC * 2 + BT * DC * es + BT * 64 * 2 + BT * 32 * 2 + BT * 8 * 4
+    return 96 * NC * 2 + stages * stage + BT * NC * es
+
+
+@functools.lru_cache(maxsize=None)
+def build(D: int, dtype: str, S: int, P: int = 1, DC: int = 32, BT: int = 64, stages: int = 4, threads: int = 128):
+    """The dx/dphi ``T.prim_func`` for feature size ``D``, ``dtype`` of x, ``S`` token splits, ``P`` x pieces.
+
+    Parameters, in order: XP, GIn, Gp, Aux, W, DX, Part.
+    """
+    need = smem_bytes(dtype, P, DC, BT, stages)
+    if need > SMEM_LIMIT:
+        raise ValueError(f"dx kernel: P={P}, DC={DC}, BT={BT}, stages={stages} needs {need} bytes of shared memory "
+                         f"> {SMEM_LIMIT}")
+    import_tilelang()
+    import tilelang.language as T
+    from tilelang.layout import make_half_bank_swizzled_layout
+
+    f32, bf = "float32", "bfloat16"
+    NCH, NC = -(-D // DC), N_STREAMS * DC
+    pieces, streams = tuple(range(P)), tuple(range(N_STREAMS))
+    nt = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def mhc_pre_bwd_dx(XP: T.Tensor((nt, P, N_STREAMS, D), bf), GIn: T.Tensor((nt, D), dtype),
+                       Gp: T.Tensor((nt, 64), bf), Aux: T.Tensor((nt, 8), f32), W: T.Tensor((96, N_STREAMS, D), bf),
+                       DX: T.Tensor((nt, N_STREAMS, D), dtype), Part: T.Tensor((S, 64, NCH, NC), f32)):
+        with T.Kernel(NCH, S, threads=threads) as (c, s):
+            d0 = T.min(c * DC, D)  # (= c * DC; D named in the body so the annotations can see it)
+            wa = T.alloc_shared((64, NC), bf)
+            wb = T.alloc_shared((32, NC), bf)
+            xs = [T.alloc_shared((BT, NC), bf) for _ in pieces]
+            # 64-byte swizzle: panels of 32 bf16 columns, so each stream's [rows, DC] block is contiguous
+            # (one TMA box) and the n streams side by side form one wgmma operand
+            T.annotate_layout({buf: make_half_bank_swizzled_layout(buf) for buf in [wa, wb] + xs})
+            for i in streams:
+                T.copy(W[0:64, i, d0:d0 + DC], wa[:, i * DC:(i + 1) * DC], disable_tma=True)
+                T.copy(W[64:96, i, d0:d0 + DC], wb[:, i * DC:(i + 1) * DC], disable_tma=True)
+            acc_phi = T.alloc_fragment((64, NC), f32)
+            T.clear(acc_phi)
+            g_sh = T.alloc_shared((BT, DC), dtype)
+            gq = T.alloc_shared((BT, 64), bf)
+            gh = T.alloc_shared((BT, 32), bf)
+            aux = T.alloc_shared((BT, 8), f32)
+            acc_dx = T.alloc_fragment((BT, NC), f32)
+            out = [T.alloc_shared((BT, DC), dtype) for _ in streams]
+            nb = T.ceildiv(nt, BT)
+            per = T.ceildiv(nb, S)
+            b0 = s * per
+            for bb in T.Pipelined(T.max(T.min(per, nb - b0), 0), num_stages=stages):
+                t0 = (b0 + bb) * BT
+                for p in pieces:
+                    for i in streams:
+                        T.copy(XP[t0:t0 + BT, p, i, d0:d0 + DC], xs[p][:, i * DC:(i + 1) * DC])
+                T.copy(GIn[t0:t0 + BT, d0:d0 + DC], g_sh)
+                T.copy(Gp[t0:t0 + BT, :], gq)
+                T.copy(Gp[t0:t0 + BT, 0:32], gh)
+                T.copy(Aux[t0:t0 + BT, :], aux)
+                T.gemm(gq, wa, acc_dx, clear_accum=True)
+                T.gemm(gh, wb, acc_dx)
+                for p in pieces:
+                    T.gemm(gq, xs[p], acc_phi, transpose_A=True)
+                for i in streams:
+                    for t, j in T.Parallel(BT, DC):
+                        xv = T.cast(xs[0][t, i * DC + j], f32)
+                        if P == 2:
+                            xv = xv + T.cast(xs[1][t, i * DC + j], f32)
+                        out[i][t, j] = acc_dx[t, i * DC + j] - aux[t, 0] * xv + aux[t, 1 + i] * g_sh[t, j]
+                    T.copy(out[i], DX[t0:t0 + BT, i, d0:d0 + DC])
+            T.copy(acc_phi, Part[s, :, c, :])
+
+    return mhc_pre_bwd_dx

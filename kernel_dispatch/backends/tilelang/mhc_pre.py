@@ -1,0 +1,167 @@
+"""mHC pre on TileLang (SPEC section 2): forward and exact backward through every Sinkhorn step.
+
+Same functions, signatures, outputs and residuals as ``kernel_dispatch/golden/mhc_pre.py``:
+x [T, n, D] (n = 4, D a multiple of 8) fp16/bf16 with any strides (made contiguous here);
+phi [M, n*D], alpha [3], bias [M], gamma [n*D] or None, fp32 (float64 parameters are computed in
+fp32 and returned in their dtype). Residuals z [T, M] and inv_rms [T] fp32.
+
+Forward, 4 kernels: weights (pg = phi * gamma as two bf16 pieces) -> gemm (x read once: h_mix
+partials on bf16 wgmma, and sum x^2) -> mix (z, inv_rms, h_pre, h_post, Sinkhorn h_res) ->
+apply (x read again: h_in). Backward, 5 kernels: dot (dh_pre = x . dh_in) -> bwd mix (Sinkhorn
+recomputed and reversed; G = dh_mix in bf16 pieces, coef, dalpha/dbias partials) -> weights ->
+dx (dx, and dphi partials per token split) -> param (dphi, dgamma). Every parameter gradient is
+a fixed-order reduction: bitwise reproducible. fp16 x enters the GEMMs as two exact bf16 pieces.
+
+Kernels are built once per shape class (D, dtype, hyper-parameters; T symbolic) and cached
+in-process and on disk under ``$TILELANG_CACHE_DIR`` (default ``~/.tilelang/cache``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import (_mhc_pre_apply_kernel, _mhc_pre_bwd_dot_kernel, _mhc_pre_bwd_dx_kernel, _mhc_pre_bwd_mix_kernel,
+               _mhc_pre_bwd_param_kernel, _mhc_pre_gemm_kernel, _mhc_pre_mix_kernel, _mhc_pre_weights_kernel)
+from ._mhc_common import N_STREAMS, bf16_pieces, check_streams, dense, kernel, sm_count, tl_dtype
+
+F32 = torch.float32
+M_ROWS = N_STREAMS * N_STREAMS + 2 * N_STREAMS
+DX_CHUNK = 32       # features per CTA of the dx kernel
+DX_CTAS_PER_SM = 2  # bf16 dx kernel: 2 CTAs per SM of 2 pipeline stages (else 1 CTA of 4 stages)
+MIX_TB = 16         # tokens per CTA of the backward mix kernel
+
+
+def dx_splits(D: int, slots: int) -> int:
+    """Token splits of the dx kernel: the S in 1..8 whose last wave over ``slots`` resident CTAs is fullest."""
+    nch = -(-D // DX_CHUNK)
+    return max(range(1, 9), key=lambda s: (nch * s / (math.ceil(nch * s / slots) * slots), -s))
+
+
+def kernel_specs(D: int, dtype: torch.dtype, hp: tuple, sms: int) -> dict:
+    """{stage: (factory, args)} of every kernel for feature size ``D``, x ``dtype``, hyper-parameters
+    ``hp`` = (sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps) and ``sms`` multiprocessors."""
+    iters, post_mult, norm_eps, pre_eps, sk_eps = int(hp[0]), float(hp[1]), float(hp[2]), float(hp[3]), float(hp[4])
+    M, K, dt = M_ROWS, N_STREAMS * D, tl_dtype(dtype)
+    P = 1 if dtype == torch.bfloat16 else 2
+    S, _ = _mhc_pre_gemm_kernel.splits_and_block(K)
+    ctas = DX_CTAS_PER_SM if P == 1 else 1   # fp16: two x pieces per stage, one CTA of 3 stages
+    S2 = dx_splits(D, sms * ctas)
+    dx_stages = {(1, 1): 4, (1, 2): 2, (2, 1): 3}[(P, ctas)]
+    return {
+        "weights_fwd": (_mhc_pre_weights_kernel.build, (M, K, "fwd")),
+        "gemm": (_mhc_pre_gemm_kernel.build, (K, M, P)),
+        "mix": (_mhc_pre_mix_kernel.build, (D, S, iters, post_mult, norm_eps, pre_eps, sk_eps)),
+        "apply": (_mhc_pre_apply_kernel.build, (D, dt)),
+        "dot": (_mhc_pre_bwd_dot_kernel.build, (D, dt)),
+        "bwd_mix": (_mhc_pre_bwd_mix_kernel.build, (D, iters, post_mult, pre_eps, sk_eps, MIX_TB)),
+        "weights_bwd": (_mhc_pre_weights_kernel.build, (M, K, "bwd")),
+        "dx": (_mhc_pre_bwd_dx_kernel.build, (D, dt, S2, P, DX_CHUNK, 64, dx_stages)),
+        "param": (_mhc_pre_bwd_param_kernel.build, (M, D, S2, DX_CHUNK)),
+    }
+
+
+_kernel_sets: dict = {}
+
+
+def _kernels(x, hp) -> dict:
+    """{stage: (compiled kernel, factory args)} for x's shape class, built once per process."""
+    dev = x.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    key = (x.shape[2], x.dtype, tuple(hp), idx, DX_CTAS_PER_SM)
+    ks = _kernel_sets.get(key)
+    if ks is None:
+        specs = kernel_specs(x.shape[2], x.dtype, hp, sm_count(idx))
+        ks = {stage: (kernel(f, *args, device=dev), args) for stage, (f, args) in specs.items()}
+        _kernel_sets[key] = ks
+    return ks
+
+
+_consts: dict = {}
+
+
+def _ones(K: int, device) -> torch.Tensor:
+    key = ("ones", K, device)
+    if key not in _consts:
+        _consts[key] = torch.ones(K, dtype=F32, device=device)
+    return _consts[key]
+
+
+def _check_params(x, phi, alpha, bias, gamma):
+    T, n, D = check_streams("x", x)
+    M, K = n * n + 2 * n, n * D
+    for name, t, shape in (("phi", phi, (M, K)), ("alpha", alpha, (3,)), ("bias", bias, (M,)),
+                           ("gamma", gamma, (K,))):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+    return T, n, D, M, K
+
+
+def _gamma32(gamma, K, device):
+    return _ones(K, device) if gamma is None else dense(gamma, F32)
+
+
+def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, norm_eps: float, pre_eps: float,
+            sinkhorn_eps: float):
+    """(h_in [T, D] x.dtype, h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]), fp32 mixings."""
+    T, n, D, M, K = _check_params(x, phi, alpha, bias, gamma)
+    dev = x.device
+    ks = _kernels(x, (sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps))
+    xc = dense(x)
+    w = torch.empty((2 * M, K), dtype=torch.bfloat16, device=dev)
+    ks["weights_fwd"][0](dense(phi, F32), _gamma32(gamma, K, dev), w)
+
+    xp = bf16_pieces(xc)
+    P = xp.shape[1]
+    S = ks["mix"][1][1]
+    part = torch.empty((S, T, 2 * M), dtype=F32, device=dev)
+    sq = torch.empty((S, T), dtype=F32, device=dev)
+    ks["gemm"][0](xp.reshape(T, P * K), w, part, sq)
+
+    z = torch.empty((T, M), dtype=F32, device=dev)
+    inv_rms = torch.empty((T,), dtype=F32, device=dev)
+    h_pre = torch.empty((T, n), dtype=F32, device=dev)
+    h_post = torch.empty((T, n), dtype=F32, device=dev)
+    h_res = torch.empty((T, n, n), dtype=F32, device=dev)
+    ks["mix"][0](part, sq, dense(alpha, F32), dense(bias, F32), z, inv_rms, h_pre, h_post, h_res)
+
+    h_in = torch.empty((T, D), dtype=x.dtype, device=dev)
+    ks["apply"][0](xc, h_pre, h_in)
+    return h_in, h_post, h_res, z, inv_rms
+
+
+def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters: int,
+             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float):
+    """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None)."""
+    T, n, D, M, K = _check_params(x, phi, alpha, bias, gamma)
+    dev = x.device
+    ks = _kernels(x, (sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps))
+    xc = dense(x)
+    g = dense(dh_in, x.dtype)
+    dh_pre = torch.empty((T, n), dtype=F32, device=dev)
+    ks["dot"][0](xc, g, dh_pre)
+
+    gp = torch.empty((T, 64), dtype=torch.bfloat16, device=dev)
+    aux = torch.empty((T, 8), dtype=F32, device=dev)
+    pg = torch.empty((64, -(-T // MIX_TB)), dtype=F32, device=dev)
+    ks["bwd_mix"][0](dense(z, F32), dense(inv_rms, F32), dh_pre, dense(dh_post, F32), dense(dh_res, F32),
+                     dense(alpha, F32), dense(bias, F32), gp, aux, pg)
+
+    phi32, gamma32 = dense(phi, F32), _gamma32(gamma, K, dev)
+    w = torch.empty((96, K), dtype=torch.bfloat16, device=dev)
+    ks["weights_bwd"][0](phi32, gamma32, w)
+
+    S = ks["dx"][1][2]
+    xp = bf16_pieces(xc)
+    dx = torch.empty((T, n, D), dtype=x.dtype, device=dev)
+    part = torch.empty((S, 64, -(-D // DX_CHUNK), n * DX_CHUNK), dtype=F32, device=dev)
+    ks["dx"][0](xp, g, gp, aux, w.view(96, n, D), dx, part)
+
+    dphi = torch.empty((M, K), dtype=F32, device=dev)
+    dgamma = torch.empty((K,), dtype=F32, device=dev)
+    ks["param"][0](part, phi32, gamma32, dphi, dgamma)
+
+    sums = pg.sum(1)  # a fixed-order reduction over the mix kernel's CTAs
+    dbias, dalpha = sums[:M], sums[32:35].clone()
+    return (dx, dphi.to(phi.dtype), dalpha.to(alpha.dtype), dbias.to(bias.dtype),
+            None if gamma is None else dgamma.to(gamma.dtype))
