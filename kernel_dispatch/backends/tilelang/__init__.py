@@ -12,9 +12,13 @@ from ...registry import Capabilities
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 CAPABILITIES = {
-    "lazy_attention": Capabilities(devices=("cuda",), dtypes=_DTYPES, head_dims=(64, 128), notes="no float64"),
-    "mhc_pre": Capabilities(devices=("cuda",), dtypes=_DTYPES, n_streams=(4,), d_multiple=8, notes="no float64"),
-    "mhc_post": Capabilities(devices=("cuda",), dtypes=_DTYPES, n_streams=(4,), d_multiple=8, notes="no float64"),
+    "lazy_attention": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
+                                   notes="Hopper (sm_90a) kernels, checked on H200; fp32 and float64: no "
+                                         "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied"),
+    "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
+                            notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split"),
+    "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
+                             notes="x fp16/bf16 only (fp32, float64: no)"),
 }
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
