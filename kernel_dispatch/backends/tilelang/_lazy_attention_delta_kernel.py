@@ -1,0 +1,105 @@
+"""TileLang kernel factory: the lazy attention backward's row pass, Delta and the dtau terms.
+
+One CTA per (query block, head, batch) walks the visible key blocks, recomputes
+P = exp(S - LSE), the mask Mk = [P + tau/i > 0] (re-masked), dA = dO . V^T, and sums per row
+
+    Delta[m] = sum_n P[m, n] Mk[m, n] dA[m, n]        (SPEC: sum_n P dP)
+    Rdiv[m]  = (1 / i) sum_n Mk[m, n] dA[m, n]         (dtau[h] = sum over b, m of Rdiv)
+
+straight from the scores, so O is not needed. Rows past lengths[b] get zeros.
+
+Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H]
+fp32; Lens [B] int32; LSE [B, H, LP] fp32 (LP >= L, the backward's padded row length).
+Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched). B, H, Hkv, L, LP, W are symbolic.
+"""
+
+import functools
+
+from ._build import import_tilelang
+from ._lazy_attention_tiles import LOG2E, is_free_tile, score_macro
+
+
+@functools.lru_cache(maxsize=None)
+def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 128, threads: int = 256,
+          num_stages: int = 2):
+    """The row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, Delta, Rdiv, scale."""
+    import_tilelang()
+    import tilelang.language as T
+
+    D, BM, BN = head_dim, block_m, block_n
+    f32 = "float32"
+    B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
+    scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
+
+    @T.prim_func
+    def lazy_attention_bwd_delta(
+        Q: T.Tensor([B, H, L, D], dtype),
+        K: T.Tensor([B, Hkv, L, D], dtype),
+        V: T.Tensor([B, Hkv, L, D], dtype),
+        dO: T.Tensor([B, H, L, D], dtype),
+        Bias: T.Tensor([H, W], f32),
+        Tau: T.Tensor([H], f32),
+        Lens: T.Tensor([B], "int32"),
+        LSE: T.Tensor([B, H, LP], f32),
+        Delta: T.Tensor([B, H, LP], f32),
+        Rdiv: T.Tensor([B, H, LP], f32),
+        scale: T.float32,
+    ):
+        with T.Kernel(H, B, T.ceildiv(L, BM), threads=threads) as (by, bz, bx):
+            Q_s = T.alloc_shared([BM, D], dtype)
+            dO_s = T.alloc_shared([BM, D], dtype)
+            K_s = T.alloc_shared([BN, D], dtype)
+            V_s = T.alloc_shared([BN, D], dtype)
+            s = T.alloc_fragment([BM, BN], f32)
+            dp = T.alloc_fragment([BM, BN], f32)
+            lse2 = T.alloc_fragment([BM], f32)
+            inv_i = T.alloc_fragment([BM], f32)
+            thr = T.alloc_fragment([BM], f32)
+            r_acc = T.alloc_fragment([BM], f32)
+            d_acc = T.alloc_fragment([BM], f32)
+            r_blk = T.alloc_fragment([BM], f32)
+            d_blk = T.alloc_fragment([BM], f32)
+
+            # block index slowest in the grid; causal: reversed, so the longest rows of every head start first
+            mb = (T.ceildiv(L, BM) - 1 - bx) if causal else bx
+            m0 = mb * BM
+            hk = by // (H // Hkv)
+            lb = Lens[bz]
+            tau = Tau[by]
+            sc2 = scale * LOG2E
+            key_end = T.min(m0 + BM, lb) if causal else lb
+            n_blocks = T.if_then_else(m0 < lb, T.ceildiv(key_end, BN), 0)
+
+            T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
+            T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)
+            T.copy(LSE[bz, by, m0:m0 + BM], lse2)
+            for i in T.Parallel(BM):
+                lse2[i] = lse2[i] * LOG2E
+                inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
+                thr[i] = tau * inv_i[i]
+            T.fill(r_acc, 0)
+            T.fill(d_acc, 0)
+            for k in T.Pipelined(n_blocks, num_stages=num_stages):
+                T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
+                T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
+                T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, True))
+                for i, j in T.Parallel(BM, BN):
+                    # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
+                    dp[i, j] = T.if_then_else(T.And(s[i, j] > -T.infinity(f32), T.exp2(s[i, j] - lse2[i]) + thr[i] > 0),
+                                              dp[i, j], T.float32(0))
+                    s[i, j] = T.exp2(s[i, j] - lse2[i])
+                T.reduce_sum(dp, r_blk, dim=1)
+                for i, j in T.Parallel(BM, BN):
+                    s[i, j] = s[i, j] * dp[i, j]
+                T.reduce_sum(s, d_blk, dim=1)
+                for i in T.Parallel(BM):
+                    r_acc[i] = r_acc[i] + r_blk[i]
+                    d_acc[i] = d_acc[i] + d_blk[i]
+            for i in T.Parallel(BM):
+                r_acc[i] = r_acc[i] * inv_i[i]
+            T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
+            T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
+
+    return lazy_attention_bwd_delta

@@ -1,0 +1,191 @@
+"""TileLang kernel factory: the lazy attention backward's dK, dV and dbias partials.
+
+One CTA per (key block, kv head, batch) keeps K, V of its keys in shared memory and walks,
+in a fixed order, every query head of its group and every query block that sees these keys
+(one flattened pipelined loop), recomputing the tiles transposed ([keys, queries]):
+
+    A^T = relu(P + tau/i)^T re-masked,   dV += A^T @ dO
+    dS^T = (P (Mk dA - Delta))^T,        dK += dS^T @ Q     (times scale at the end)
+
+so GQA heads sum into dK, dV without atomics (``with_dq`` also adds dS @ K of each tile into an
+fp32 dQ accumulator by TMA reduce-add). Tiles within the bias band also add their
+diagonal sums of dS into Partial[b, h, key block, t] (t = distance); each distance is owned by
+one thread slot and tiles come in a fixed order, so dbias = Partial.sum((0, 2)) is bitwise
+reproducible.
+
+Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H]
+fp32; Lens [B] int32; LSE, Delta [B, H, LP] fp32 and InvI [B, LP] fp32 (1/i of each row),
+LP >= L a multiple of 4 (rows of the TMA-loaded vectors must be 16-byte aligned).
+Out: dK, dV [B, Hkv, L, D] in k's dtype; Partial [B, H, NKB, WP] fp32, zero-initialised,
+NKB = ceil(L / block_n), WP = min(W, L) (no distance reaches L). B, H, Hkv, L, LP, W, NKB, WP
+are symbolic.
+"""
+
+import functools
+
+from ._build import import_tilelang
+from ._lazy_attention_tiles import LOG2E, is_free_tile, score_macro
+
+
+@functools.lru_cache(maxsize=None)
+def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: int = 128, threads: int = 256,
+          num_stages: int = 2, with_dq: bool = False, with_dbias: bool = True):
+    """The dK/dV ``T.prim_func`` (block_m queries x block_n keys per tile); parameters: Q, K, V, dO,
+    Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, dQacc, scale. With ``with_dq`` each tile also
+    adds its dS @ K into dQacc [B, H, L, D] fp32 (zero-initialised; TMA reduce-add, so dQ's summation
+    order varies between runs; dQ = scale * dQacc); without, dQacc is not touched (pass any
+    [1, 1, 1, head_dim] fp32 tensor). ``with_dbias=False`` leaves Partial alone (timing experiments only)."""
+    import_tilelang()
+    import tilelang.language as T
+
+    D, BM, BN, NS = head_dim, block_m, block_n, threads
+    assert BM % 2 == 0, "block_m must be even"
+    f32 = "float32"
+    B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ")
+    scores = score_macro(BN, BM, causal, transposed=True, mask_rows=True)
+
+    @T.prim_func
+    def lazy_attention_bwd_dkdv(
+        Q: T.Tensor([B, H, L, D], dtype),
+        K: T.Tensor([B, Hkv, L, D], dtype),
+        V: T.Tensor([B, Hkv, L, D], dtype),
+        dO: T.Tensor([B, H, L, D], dtype),
+        Bias: T.Tensor([H, W], f32),
+        Tau: T.Tensor([H], f32),
+        Lens: T.Tensor([B], "int32"),
+        LSE: T.Tensor([B, H, LP], f32),
+        Delta: T.Tensor([B, H, LP], f32),
+        InvI: T.Tensor([B, LP], f32),
+        dK: T.Tensor([B, Hkv, L, D], dtype),
+        dV: T.Tensor([B, Hkv, L, D], dtype),
+        Partial: T.Tensor([B, H, NKB, WP], f32),
+        dQacc: T.Tensor([BQ, HQ, LQ, D], f32),
+        scale: T.float32,
+    ):
+        with T.Kernel(Hkv, B, T.ceildiv(L, BN), threads=threads) as (by, bz, bx):
+            K_s = T.alloc_shared([BN, D], dtype)
+            V_s = T.alloc_shared([BN, D], dtype)
+            Q_s = T.alloc_shared([BM, D], dtype)
+            dO_s = T.alloc_shared([BM, D], dtype)
+            lse_s = T.alloc_shared([BM], f32)
+            delta_s = T.alloc_shared([BM], f32)
+            inv_s = T.alloc_shared([BM], f32)
+            ds_s = T.alloc_shared([BN, BM + 1], f32)  # padded: diagonal reads hit distinct banks
+            sT = T.alloc_fragment([BN, BM], f32)
+            dpT = T.alloc_fragment([BN, BM], f32)
+            pT = T.alloc_fragment([BN, BM], f32)
+            aT_cast = T.alloc_fragment([BN, BM], dtype)
+            dsT_cast = T.alloc_fragment([BN, BM], dtype)
+            acc_dk = T.alloc_fragment([BN, D], f32)
+            acc_dv = T.alloc_fragment([BN, D], f32)
+            diag = T.alloc_fragment([NS], f32)
+            diag2 = T.alloc_fragment([NS], f32)
+            prev = T.alloc_fragment([NS], f32)
+            if with_dq:
+                dsT_s = T.alloc_shared([BN, BM], dtype)
+                acc_dq = T.alloc_fragment([BM, D], f32)
+                dq_s = T.alloc_shared([BM, D], f32)
+            d0 = T.alloc_var(T.int32)
+            hv = T.alloc_var(T.int32)
+            m0v = T.alloc_var(T.int32)
+            lo = T.alloc_var(T.int32)
+            hi = T.alloc_var(T.int32)
+            t_lo = T.alloc_var(T.int32)
+            t_hi = T.alloc_var(T.int32)
+            t_base = T.alloc_var(T.int32)
+
+            n0 = bx * BN  # key block slowest in the grid: causal, the blocks with the most queries start first
+            groups = H // Hkv
+            lb = Lens[bz]
+            sc2 = scale * LOG2E
+            q_lo = T.floordiv(n0, BM) if causal else 0  # first query block that sees these keys
+            n_q = T.if_then_else(n0 < lb, T.max(T.ceildiv(lb, BM) - q_lo, 0), 0)
+            n_q1 = T.max(n_q, 1)
+
+            T.copy(K[bz, by, n0:n0 + BN, :], K_s)
+            T.copy(V[bz, by, n0:n0 + BN, :], V_s)
+            T.clear(acc_dk)
+            T.clear(acc_dv)
+            for it in T.Pipelined(groups * n_q, num_stages=num_stages):
+                h = by * groups + it // n_q1
+                m0 = (q_lo + it % n_q1) * BM
+                T.copy(Q[bz, h, m0:m0 + BM, :], Q_s)
+                T.copy(dO[bz, h, m0:m0 + BM, :], dO_s)
+                T.copy(LSE[bz, h, m0:m0 + BM], lse_s)
+                T.copy(Delta[bz, h, m0:m0 + BM], delta_s)
+                T.copy(InvI[bz, m0:m0 + BM], inv_s)
+                # the head and query offset as scalars: per-element index math must not redo it // n_q1
+                hv = h
+                m0v = m0
+                T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                scores(sT, m0v, n0, lb, sc2, Bias, hv, is_free_tile(m0v, n0, BM, BN, lb, W, True))
+                tau = Tau[hv]
+                for i, j in T.Parallel(BN, BM):
+                    pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked
+                    # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
+                    keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
+                    aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))
+                    dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
+                for i, j in T.Parallel(BN, BM):
+                    sT[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS
+                    dsT_cast[i, j] = sT[i, j]
+                T.gemm(aT_cast, dO_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(dsT_cast, Q_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+                if with_dq:
+                    T.copy(dsT_cast, dsT_s)
+                    T.gemm(dsT_s, K_s, acc_dq, transpose_A=True, clear_accum=True)
+                    T.copy(acc_dq, dq_s)
+                    T.atomic_add(dQacc[bz, hv, m0v:m0v + BM, :], dq_s, use_tma=True)
+
+                if with_dbias:
+                    # dbias: diagonal sums of dS over the distances t < W that this tile holds. Key row i,
+                    # query column j lies at signed distance d0 + j - i; slot x owns t = t_base + c * NS + x
+                    # in every tile, so each Partial entry is read and written by one thread, in tile order.
+                    d0 = m0v - n0
+                    lo = d0 - (BN - 1)
+                    hi = d0 + (BM - 1)
+                    if causal:
+                        t_lo = T.max(lo, 0)
+                        t_hi = T.min(T.min(hi, W - 1), WP - 1)
+                    else:
+                        t_lo = T.if_then_else(lo > 0, lo, T.if_then_else(hi < 0, -hi, 0))
+                        t_hi = T.min(T.min(T.max(hi, -lo), W - 1), WP - 1)
+                    t_base = T.floordiv(t_lo, NS) * NS
+                    if t_lo <= t_hi:
+                        T.copy(sT, ds_s[0:BN, 0:BM])
+                        for c in T.serial(T.floordiv(t_hi - t_base, NS) + 1):
+                            for x in T.Parallel(NS):
+                                # the earlier tiles' sum, loaded first so its latency hides behind the loop
+                                prev[x] = T.if_then_else(
+                                    T.And(t_base + c * NS + x >= t_lo, t_base + c * NS + x <= t_hi),
+                                    Partial[bz, hv, bx, T.max(T.min(t_base + c * NS + x, WP - 1), 0)], T.float32(0))
+                                diag[x] = T.float32(0)
+                                diag2[x] = T.float32(0)
+                            for jp in T.unroll(BM // 2):  # two accumulators: shorter dependency chains
+                                for x in T.Parallel(NS):
+                                    t = t_base + c * NS + x
+                                    i1 = d0 + 2 * jp - t
+                                    diag[x] = diag[x] + T.if_then_else(
+                                        T.And(i1 >= 0, i1 < BN), ds_s[T.max(T.min(i1, BN - 1), 0), 2 * jp], T.float32(0))
+                                    diag2[x] = diag2[x] + T.if_then_else(
+                                        T.And(i1 + 1 >= 0, i1 + 1 < BN), ds_s[T.max(T.min(i1 + 1, BN - 1), 0), 2 * jp + 1],
+                                        T.float32(0))
+                                    if not causal:  # the mirrored diagonal -t
+                                        i2 = d0 + 2 * jp + t
+                                        diag[x] = diag[x] + T.if_then_else(
+                                            T.And(T.And(i2 >= 0, i2 < BN), t > 0),
+                                            ds_s[T.max(T.min(i2, BN - 1), 0), 2 * jp], T.float32(0))
+                                        diag2[x] = diag2[x] + T.if_then_else(
+                                            T.And(T.And(i2 + 1 >= 0, i2 + 1 < BN), t > 0),
+                                            ds_s[T.max(T.min(i2 + 1, BN - 1), 0), 2 * jp + 1], T.float32(0))
+                            for x in T.Parallel(NS):
+                                if T.And(t_base + c * NS + x >= t_lo, t_base + c * NS + x <= t_hi):
+                                    Partial[bz, hv, bx, t_base + c * NS + x] = prev[x] + (diag[x] + diag2[x])
+
+            for i, j in T.Parallel(BN, D):
+                acc_dk[i, j] = acc_dk[i, j] * scale
+            T.copy(acc_dk, dK[bz, by, n0:n0 + BN, :])
+            T.copy(acc_dv, dV[bz, by, n0:n0 + BN, :])
+
+    return lazy_attention_bwd_dkdv

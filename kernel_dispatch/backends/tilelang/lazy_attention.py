@@ -1,0 +1,140 @@
+"""TileLang lazy attention (SPEC section 1): launchers with the golden signatures.
+
+Forward, two kernels: the row log-sum-exp (``_lazy_attention_lse_kernel``), then
+O = relu(P + tau/i) @ V (``_lazy_attention_fwd_kernel``). Backward, three kernels: the row pass
+Delta = sum_n P Mk dA and (1/i) sum_n Mk dA (``_lazy_attention_delta_kernel``), dQ
+(``_lazy_attention_dq_kernel``, a query-major loop, no atomics), and dK, dV plus per-key-block
+dbias partials (``_lazy_attention_dkdv_kernel``, key-major, GQA heads summed in the CTA; a tile
+config may instead have it accumulate dQ by TMA reduce-add, replacing the dq kernel).
+dbias and dtau are fixed-order sums of those partials, so they are bitwise reproducible.
+
+Inputs may have any strides: q, k, v and dO are made contiguous here (a copy when they are not);
+fp16 and bf16 only (TileLang's fp32 GEMM runs in TF32, below the fp32 contract), head dims 64
+and 128, Hopper (sm_90a) kernels. Kernels are compiled once per (kernel, head dim, dtype, causal,
+tile config, target); sequence length, batch, heads and W are symbolic. TileLang caches the
+compiled kernels on disk under ``$TILELANG_CACHE_DIR`` (default ``~/.tilelang/cache``).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _build
+from . import _lazy_attention_delta_kernel as _delta_k
+from . import _lazy_attention_dkdv_kernel as _dkdv_k
+from . import _lazy_attention_dq_kernel as _dq_k
+from . import _lazy_attention_fwd_kernel as _fwd_k
+from . import _lazy_attention_lse_kernel as _lse_k
+
+DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+HEAD_DIMS = (64, 128)
+FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "delta": _delta_k.build, "dq": _dq_k.build,
+             "dkdv": _dkdv_k.build}
+
+# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim; dkdv's fifth entry
+# says whether it also accumulates dQ (TMA reduce-add into fp32) instead of the separate dq kernel.
+# Timed on an H200 (bf16, causal, B=4, H=16, L=4096, D=128): these beat 64-key row tiles, dkdv with
+# 32 queries, and the dQ-in-dkdv variant (scripts/gpu_check_tilelang_attention.py).
+CONFIGS = {
+    64: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
+         "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False)},
+    128: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
+          "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False)},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, head_dim: int, dtype: str, causal: bool, config: tuple, target: tuple):
+    """The compiled kernel ``name`` for these static parameters (``target`` as sorted dict items)."""
+    prim = FACTORIES[name](head_dim, dtype, causal, *config)
+    return _build.compile_kernel(prim, dict(target))
+
+
+def _kernel(name: str, q: torch.Tensor, causal: bool):
+    target = tuple(sorted(_build.device_target(q.device).items()))
+    D = q.shape[-1]
+    return kernel(name, D, DTYPES[q.dtype], bool(causal), CONFIGS[D][name], target)
+
+
+def _check(q: torch.Tensor) -> None:
+    if q.device.type != "cuda":
+        raise ValueError(f"q: the TileLang backend needs a CUDA tensor, got device {q.device}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q: the TileLang backend supports float16 and bfloat16, got {q.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"q: the TileLang backend supports head dims {HEAD_DIMS}, got D = {q.shape[-1]}")
+
+
+def _lens(lengths, B: int, L: int, device) -> torch.Tensor:
+    if lengths is None:
+        return torch.full((B,), L, dtype=torch.int32, device=device)
+    return lengths.to(device=device, dtype=torch.int32).contiguous()
+
+
+def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
+    """O [B, H, L, D] (q's dtype, contiguous) and LSE [B, H, L] fp32 (natural log).
+
+    q [B, H, L, D], k/v [B, Hkv, L, D] fp16/bf16, any strides; bias [H, W], tau [H] fp32;
+    lengths [B] int or None; see SPEC section 1.
+    """
+    _check(q)
+    B, H, L, D = q.shape
+    qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+    bias32 = bias.to(torch.float32).contiguous()
+    tau32 = tau.to(torch.float32).contiguous()
+    lens = _lens(lengths, B, L, q.device)
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
+    o = torch.empty_like(qc)
+    with torch.cuda.device(q.device):
+        _kernel("lse", q, causal)(qc, kc, bias32, lens, lse, float(scale))
+        _kernel("fwd", q, causal)(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
+    return o, lse
+
+
+def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
+    """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau).
+
+    do [B, H, L, D] (any strides), the forward's inputs and its residuals o, lse [B, H, L];
+    ``o`` is not needed (Delta is summed from the scores). See SPEC section 1.
+    """
+    _check(q)
+    B, H, L, D = q.shape
+    W = bias.shape[1]
+    dev = q.device
+    qc, kc, vc, doc = q.contiguous(), k.contiguous(), v.contiguous(), do.to(q.dtype).contiguous()
+    bias32 = bias.to(torch.float32).contiguous()
+    tau32 = tau.to(torch.float32).contiguous()
+    lens = _lens(lengths, B, L, dev)
+    LP = -(-L // 4) * 4  # padded row length: the dK/dV kernel TMA-loads rows of these vectors
+    lse_p = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
+    lse_p[..., :L] = lse
+    delta = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
+    rdiv = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
+    inv_i = torch.zeros(B, LP, dtype=torch.float32, device=dev)
+    if causal:
+        inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, dtype=torch.float32, device=dev)
+    else:
+        inv_i[:, :L] = (1.0 / lens.to(torch.float32))[:, None]
+    dk = torch.empty_like(kc)
+    dv = torch.empty_like(vc)
+    cfg = CONFIGS[D]["dkdv"]
+    dq_in_dkdv = len(cfg) > 4 and cfg[4]
+    dq = torch.empty_like(qc)
+    dq_acc = torch.zeros(B, H, L, D, dtype=torch.float32, device=dev) if dq_in_dkdv else \
+        torch.empty(1, 1, 1, D, dtype=torch.float32, device=dev)
+    partial = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), dtype=torch.float32, device=dev)
+    s = float(scale)
+    with torch.cuda.device(dev):
+        _kernel("delta", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, rdiv, s)
+        if not dq_in_dkdv:
+            _kernel("dq", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, dq, s)
+        _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial,
+                                   dq_acc, s)
+    if dq_in_dkdv:
+        torch.mul(dq_acc, s, out=dq_acc)
+        dq.copy_(dq_acc)
+    dbias = torch.zeros(H, W, dtype=torch.float64, device=dev)
+    dbias[:, :partial.shape[-1]] = partial.double().sum((0, 2))
+    dtau = rdiv.double().sum((0, 2))
+    return dq, dk, dv, dbias.to(bias.dtype), dtau.to(tau.dtype)

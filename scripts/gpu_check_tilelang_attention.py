@@ -1,0 +1,457 @@
+"""GPU check of the TileLang lazy attention backend: correctness, determinism and speed, one compact report.
+
+On the GPU machine (H100/H200):  python3 scripts/gpu_check_tilelang_attention.py
+  1. loads every kernel the checks use from the carried cache .devcache/tilelang-attn-cache.tar.xz
+     (what misses is compiled there, in parallel processes);
+  2. runs every non-big case of tests/cases.py ATTN_CASES at D = 64 and D = 128, fp16 and bf16, through
+     the public API with backend="tilelang" against golden float64 (err / tol per tensor, per head for
+     o, dq, dk, dv) and runs each backward twice (dq, dk, dv, dbias, dtau must be bitwise equal);
+  3. times bf16 causal B=4, H=16, L=4096, D=128, W=512, tau=-1: the forward and forward+backward of
+     tilelang, of the Triton backend (when it passes two checks) and of SDPA cuDNN / flash plain causal
+     attention; every tilelang kernel alone, and the tile variants of each;
+  4. runs the realistic (big) cases of ATTN_CASES against golden float64;
+  5. writes everything to $OUT/attn_check.json and prints the compact tables last.
+On a CPU machine:  python3 scripts/gpu_check_tilelang_attention.py --prebuild  compiles the same kernels
+for sm_90a (into a persistent cache, see --cache) and packs the entries into
+.devcache/tilelang-attn-cache.tar.xz. ``--profile`` runs one forward and backward at the benchmark shape,
+for a profiler: ncu -k regex:dkdv python3 scripts/gpu_check_tilelang_attention.py --profile
+"""
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+CACHE_TAR = os.path.join(ROOT, ".devcache", "tilelang-attn-cache.tar.xz")
+T0 = time.time()
+DEADLINE = float(os.environ.get("ATTN_CHECK_DEADLINE", "275"))
+BENCH = dict(B=4, H=16, Hkv=16, L=4096, D=128, W=512)
+KERNELS = ("lse", "fwd", "delta", "dq", "dkdv")
+# tile variants timed on the benchmark shape: (block_m = queries, block_n = keys, threads, stages)
+VARIANTS = {
+    "lse": [(128, 128, 256, 2), (128, 128, 256, 3)],
+    "fwd": [(128, 128, 256, 2), (128, 64, 256, 2)],
+    "delta": [(128, 128, 256, 2), (128, 64, 256, 2)],
+    "dq": [(128, 128, 256, 2), (128, 64, 256, 2)],
+    # the sixth entry False drops the dbias partials: a timing experiment only (dbias comes out zero)
+    "dkdv": [(64, 128, 256, 2, False), (32, 128, 256, 2, False), (64, 128, 256, 2, False, False),
+             (32, 128, 256, 2, False, False), (64, 128, 256, 2, True)],
+}
+# dK/dV kernels that also accumulate dQ (TMA reduce-add), checked on every small case
+DQ_ATOMIC = {64: (64, 128, 256, 2, True), 128: (64, 128, 256, 2, True)}
+# other dK/dV tiles checked on every small case (candidates for the default)
+ALT_DKDV = {128: (32, 128, 256, 2, False)}
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def left():
+    return DEADLINE - (time.time() - T0)
+
+
+def all_specs():
+    """Every (kernel, head_dim, dtype, causal, config) the checks need, deduplicated."""
+    from kernel_dispatch.backends.tilelang.lazy_attention import CONFIGS
+    out = []
+    for D in (64, 128):
+        for dt in ("bfloat16", "float16"):
+            for causal in (True, False):
+                out += [(n, D, dt, causal, CONFIGS[D][n]) for n in KERNELS]
+    for n, cfgs in VARIANTS.items():
+        out += [(n, 128, "bfloat16", True, c) for c in cfgs]
+    for D, cfg in list(DQ_ATOMIC.items()) + list(ALT_DKDV.items()):
+        out += [("dkdv", D, dt, causal, cfg) for causal in (True, False) for dt in ("bfloat16", "float16")]
+    return list(dict.fromkeys(out))
+
+
+class use_config:
+    """Temporarily run the launcher with another tile config for one kernel and head dim."""
+
+    def __init__(self, D, name, cfg):
+        from kernel_dispatch.backends.tilelang.lazy_attention import CONFIGS
+        self.table, self.D, self.name, self.cfg = CONFIGS, D, name, cfg
+
+    def __enter__(self):
+        self.old = self.table[self.D][self.name]
+        self.table[self.D][self.name] = self.cfg
+
+    def __exit__(self, *exc):
+        self.table[self.D][self.name] = self.old
+
+
+def _build_one(spec):
+    """Load or compile one kernel; returns (spec, seconds, error or None, cache paths it used)."""
+    from tilelang.cache.kernel_cache import KernelCache
+
+    from kernel_dispatch.backends.tilelang import _build, lazy_attention
+    used = []
+    orig = KernelCache._get_cache_path
+
+    def spy(self, key):
+        used.append(orig(self, key))
+        return used[-1]
+    KernelCache._get_cache_path = spy
+    t = time.time()
+    try:
+        lazy_attention.kernel(*spec, tuple(sorted(_build.SM90A.items())))
+        return spec, time.time() - t, None, used
+    except Exception as e:  # reported, the check goes on without this kernel
+        return spec, time.time() - t, f"{type(e).__name__}: {str(e).splitlines()[-1][:300]}", used
+    finally:
+        KernelCache._get_cache_path = orig
+
+
+def build_all(specs, workers):
+    results = []
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        for spec, dt, err, used in ex.map(_build_one, specs):
+            results.append((spec, dt, err, used))
+            if err or dt > 5:
+                log(f"built {spec} in {dt:.1f}s" + (f" FAILED {err}" if err else ""))
+    return results
+
+
+def prebuild(workers, cache):
+    """Compile every kernel into ``cache`` (kept between runs, so unchanged kernels are hits) and pack
+    the entries this run used into CACHE_TAR."""
+    os.makedirs(cache, exist_ok=True)
+    os.environ["TILELANG_CACHE_DIR"] = cache
+    res = build_all(all_specs(), workers)
+    bad = [r for r in res if r[2]]
+    os.makedirs(os.path.dirname(CACHE_TAR), exist_ok=True)
+    with tarfile.open(CACHE_TAR, "w:xz") as tar:
+        for path in sorted({p for r in res for p in r[3] if os.path.isdir(p)}):
+            tar.add(path, arcname=os.path.relpath(path, cache))
+    log(f"{len(res)} kernels, {len(bad)} failed; packed {os.path.getsize(CACHE_TAR) / 2**20:.1f} MiB to {CACHE_TAR}")
+    for r in bad:
+        log("FAILED", r[:3])
+
+
+# ----------------------------------------------------------------------------- checks on the GPU
+
+
+def check_case(case, dtype, twice=True, nondet=()):
+    import torch
+
+    from tests.cases import make_inputs, run, upcast
+    from tests.tolerances import rel_err, tolerance
+    inp = make_inputs("lazy_attention", case, dtype, "cuda")
+    ref = run("lazy_attention", upcast(inp), "golden")
+    got = run("lazy_attention", inp, "tilelang")
+    worst, fails = 0.0, []
+    for name in ref:
+        tol = tolerance("lazy_attention", dtype, name)
+        if got[name].shape != ref[name].shape:
+            fails.append(f"{name} shape {tuple(got[name].shape)}")
+            continue
+        errs = [rel_err(got[name], ref[name])]
+        if name in ("o", "dq", "dk", "dv"):
+            errs += [rel_err(got[name][:, h], ref[name][:, h]) for h in range(got[name].shape[1])]
+        r = max(errs) / tol
+        worst = max(worst, r)
+        if not r <= 1:
+            fails.append(f"{name} {max(errs):.2e}>{tol:.1e}")
+    det = None
+    if twice:
+        again = run("lazy_attention", inp, "tilelang")
+        diff = [n for n in got if not torch.equal(got[n], again[n])]
+        det = not diff
+        if any(n not in nondet for n in diff):
+            fails.append("not bitwise reproducible: " + ",".join(diff))
+    return worst, fails, det
+
+
+def correctness(cases, dtypes, twice=True, nondet=()):
+    import torch
+    rows = []
+    for case in cases:
+        for dt in dtypes:
+            if left() < 20:
+                rows.append((case.name, str(dt)[6:], None, ["skipped: time"], None))
+                continue
+            try:
+                w, f, d = check_case(case, dt, twice, nondet)
+                rows.append((case.name, str(dt)[6:], w, f, d))
+            except Exception as e:
+                rows.append((case.name, str(dt)[6:], None, [f"{type(e).__name__}: {str(e)[:300]}"], None))
+                traceback.print_exc()
+            torch.cuda.empty_cache()
+    return rows
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def bench(fn, iters=20, warmup=3):
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def bench_inputs(dtype):
+    import torch
+    c = BENCH
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(c["B"], c["H"], c["L"], c["D"], device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(c["B"], c["Hkv"], c["L"], c["D"], device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(c["B"], c["Hkv"], c["L"], c["D"], device="cuda", dtype=dtype, generator=g)
+    do = torch.randn_like(q)
+    bias = 0.5 * torch.randn(c["H"], c["W"], device="cuda", generator=g)
+    tau = torch.full((c["H"],), -1.0, device="cuda")
+    return q, k, v, bias, tau, do
+
+
+def time_ops(backends):
+    """ms of forward and forward+backward on the benchmark shape, for each backend and SDPA
+    ("tilelang[dq-atomic]": tilelang with dQ accumulated in the dK/dV kernel)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import kernel_dispatch as kd
+    q, k, v, bias, tau, do = bench_inputs(torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias, tau)]
+    out = {}
+    for b in backends:
+        try:
+            name, cfg = (b, None) if b != "tilelang[dq-atomic]" else ("tilelang", DQ_ATOMIC[128])
+            fwd = lambda: kd.lazy_attention(*leaves, backend=name)  # noqa: E731
+            with use_config(128, "dkdv", cfg) if cfg else _nothing():
+                if cfg is None:
+                    out[f"{b} fwd"] = bench(lambda: fwd())
+                out[f"{b} fwd+bwd"] = bench(lambda: torch.autograd.grad(fwd(), leaves, do))
+        except Exception as e:
+            out[f"{b} error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                f = lambda: F.scaled_dot_product_attention(*qkv, is_causal=True)  # noqa: E731
+                out[f"{name} fwd"] = bench(lambda: f())
+                out[f"{name} fwd+bwd"] = bench(lambda: torch.autograd.grad(f(), qkv, do))
+        except Exception as e:
+            out[f"{name} error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
+def time_kernels():
+    """ms of each tilelang kernel on the benchmark shape, for every tile variant, and agreement with the
+    default variant (max |x - x_default| / max |x_default| of the kernel's main output)."""
+    import torch
+
+    from kernel_dispatch.backends.tilelang import _build, lazy_attention as la
+    q, k, v, bias, tau, do = bench_inputs(torch.bfloat16)
+    B, H, L, D = q.shape
+    W = bias.shape[1]
+    scale = D ** -0.5
+    tgt = tuple(sorted(_build.device_target(q.device).items()))
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    LP = -(-L // 4) * 4
+    inv_i = torch.zeros(B, LP, device="cuda")
+    inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, device="cuda", dtype=torch.float32)
+    o, lse = la.forward(q, k, v, bias, tau, scale, None, True)
+    lse_p = torch.zeros(B, H, LP, device="cuda")
+    lse_p[..., :L] = lse
+    delta = torch.zeros(B, H, LP, device="cuda")
+    rdiv = torch.zeros(B, H, LP, device="cuda")
+    la.kernel("delta", D, "bfloat16", True, la.CONFIGS[D]["delta"], tgt)(q, k, v, do, bias, tau, lens, lse_p, delta,
+                                                                          rdiv, scale)
+
+    def call(name, cfg):
+        kern = la.kernel(name, D, "bfloat16", True, cfg, tgt)
+        if name == "lse":
+            out = torch.empty(B, H, L, device="cuda")
+            return out, lambda: kern(q, k, bias, lens, out, scale)
+        if name == "fwd":
+            out = torch.empty_like(q)
+            return out, lambda: kern(q, k, v, bias, tau, lens, lse, out, scale)
+        if name == "delta":
+            out, r = torch.zeros(B, H, LP, device="cuda"), torch.zeros(B, H, LP, device="cuda")
+            return out, lambda: kern(q, k, v, do, bias, tau, lens, lse_p, out, r, scale)
+        if name == "dq":
+            out = torch.empty_like(q)
+            return out, lambda: kern(q, k, v, do, bias, tau, lens, lse_p, delta, out, scale)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        part = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), device="cuda")
+        dq_acc = torch.zeros(B, H, L, D, device="cuda") if cfg[4] else torch.empty(1, 1, 1, D, device="cuda")
+
+        def run_dkdv():
+            part.zero_()
+            if cfg[4]:
+                dq_acc.zero_()
+            kern(q, k, v, do, bias, tau, lens, lse_p, delta, inv_i, dk, dv, part, dq_acc, scale)
+        return dk, run_dkdv
+
+    rows = []
+    for name in KERNELS:
+        base = None
+        for cfg in dict.fromkeys([la.CONFIGS[D][name]] + VARIANTS[name]):
+            if left() < 40:
+                rows.append((name, cfg, None, "skipped: time"))
+                continue
+            try:
+                out, fn = call(name, cfg)
+                ms = bench(fn, iters=10)
+                ref = out.float().clone() if base is None else base
+                base = ref if base is None else base
+                diff = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                rows.append((name, cfg, ms, f"{diff:.1e}"))
+            except Exception as e:
+                rows.append((name, cfg, None, f"{type(e).__name__}: {str(e)[:150]}"))
+    return rows
+
+
+def triton_ok():
+    """Whether the Triton backend exists and passes two bf16 cases against golden float64."""
+    from tests.cases import ATTN_CASES
+    try:
+        import kernel_dispatch.backends.triton.lazy_attention  # noqa: F401
+    except Exception as e:
+        return False, f"import: {e}"
+    import torch
+    from tests.cases import make_inputs, run, upcast
+    from tests.tolerances import rel_err, tolerance
+    for case in (ATTN_CASES[0], dataclasses.replace(ATTN_CASES[0], D=128, L=300, W=64)):
+        inp = make_inputs("lazy_attention", case, torch.bfloat16, "cuda")
+        try:
+            ref = run("lazy_attention", upcast(inp), "golden")
+            got = run("lazy_attention", inp, "triton")
+        except Exception as e:
+            return False, f"{type(e).__name__}: {str(e)[:200]}"
+        for n in ref:
+            if not rel_err(got[n], ref[n]) <= tolerance("lazy_attention", torch.bfloat16, n):
+                return False, f"{case.name}: {n} off"
+    return True, "passes"
+
+
+def use_carried_cache():
+    if os.path.exists(CACHE_TAR):
+        cache = tempfile.mkdtemp(prefix="tl-attn-cache-")
+        with tarfile.open(CACHE_TAR) as tar:
+            tar.extractall(cache)
+        os.environ["TILELANG_CACHE_DIR"] = cache
+
+
+def profile_once():
+    """One forward and one backward on the benchmark shape (for ncu)."""
+    use_carried_cache()
+    import torch
+
+    from kernel_dispatch.backends.tilelang import lazy_attention as la
+    q, k, v, bias, tau, do = bench_inputs(torch.bfloat16)
+    scale = q.shape[-1] ** -0.5
+    o, lse = la.forward(q, k, v, bias, tau, scale, None, True)
+    la.backward(do, q, k, v, bias, tau, o, lse, scale, None, True)
+    torch.cuda.synchronize()
+
+
+def gpu_main(workers):
+    use_carried_cache()
+    import torch
+    import tilelang
+
+    from tests.cases import ATTN_CASES
+    dev = torch.cuda.get_device_name()
+    log(f"device {dev}, torch {torch.__version__}, tilelang {tilelang.__version__}, "
+        f"cache {os.environ.get('TILELANG_CACHE_DIR')}")
+    report = {"device": dev}
+    built = build_all(all_specs(), workers)
+    report["build"] = [(list(s), round(t, 1), e) for s, t, e, _ in built]
+    log(f"kernels ready: {sum(1 for b in built if not b[2])}/{len(built)}, "
+        f"{sum(1 for b in built if b[1] > 5)} compiled here")
+
+    small = []
+    for c in ATTN_CASES:
+        if not c.big:
+            for D in (64, 128):
+                small.append(dataclasses.replace(c, D=D, name=f"{c.name}/d{D}"))
+    corr = correctness(small, (torch.bfloat16, torch.float16))
+    report["correctness"] = corr
+    log("small cases done")
+    corr_atomic = []
+    for tag, table, nondet in (("dq-atomic", DQ_ATOMIC, ("dq",)), ("dkdv " + str(ALT_DKDV[128][:2]), ALT_DKDV, ())):
+        for D, cfg in table.items():
+            with use_config(D, "dkdv", cfg):
+                rows = correctness([c for c in small if c.D == D], (torch.bfloat16, torch.float16), nondet=nondet)
+            corr_atomic += [(f"{r[0]} [{tag}]",) + tuple(r[1:]) for r in rows]
+    report["correctness_dq_atomic"] = corr_atomic
+    log("dq-atomic cases done")
+
+    tri, why = triton_ok()
+    log(f"triton: {why}")
+    ops = time_ops(["tilelang", "tilelang[dq-atomic]"] + (["triton"] if tri else []))
+    report["ops_ms"] = ops
+    log("op timings done")
+    kern = time_kernels() if left() > 60 else []
+    report["kernels_ms"] = kern
+    log("kernel timings done")
+    big = correctness([c for c in ATTN_CASES if c.big], (torch.bfloat16, torch.float16), twice=False)
+    report["big"] = big
+
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "attn_check.json"), "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+    print("\n==== correctness vs golden float64 (worst err/tol over tensors and heads; det = bitwise rerun)")
+    n_ok = 0
+    for name, dt, w, fails, det in corr + corr_atomic + big:
+        ok = w is not None and not fails
+        n_ok += ok
+        ws = "  -  " if w is None else f"{w:5.3f}"
+        print(f"{'ok  ' if ok else 'FAIL'} {name:32s} {dt:9s} {ws} det={det} {'; '.join(fails)[:160]}")
+    print(f"passed {n_ok}/{len(corr) + len(corr_atomic) + len(big)} (dq-atomic rows: dq is not bitwise "
+          "reproducible by design)")
+    print(f"\n==== speed on {dev}: bf16 causal B=4 H=16 L=4096 D=128 W=512 tau=-1 (median ms)")
+    for key, val in ops.items():
+        print(f"{key:24s} {val if isinstance(val, str) else f'{val:8.3f}'}")
+    for d in ("fwd", "fwd+bwd"):
+        cd = ops.get(f"sdpa_cudnn {d}")
+        for b in ("tilelang", "tilelang[dq-atomic]", "triton"):
+            if isinstance(ops.get(f"{b} {d}"), float) and isinstance(cd, float):
+                print(f"{b} {d} / cudnn = {ops[f'{b} {d}'] / cd:.2f}")
+    print("\n==== tilelang kernels (block_m, block_n, threads, stages): ms, max rel diff to the first")
+    for name, cfg, ms, note in kern:
+        print(f"{name:6s} {str(cfg):22s} {'   -   ' if ms is None else f'{ms:7.3f}'} {note}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prebuild", action="store_true", help="compile for sm_90a here and pack the cache")
+    ap.add_argument("--profile", action="store_true", help="run one forward and backward (under ncu)")
+    ap.add_argument("--workers", type=int, default=max(1, min(16, os.cpu_count() or 1)))
+    ap.add_argument("--cache", default=os.path.expanduser("~/.cache/tilelang-attn-prebuild"),
+                    help="persistent TileLang cache for --prebuild")
+    args = ap.parse_args()
+    if args.prebuild:
+        prebuild(args.workers, args.cache)
+    elif args.profile:
+        profile_once()
+    else:
+        gpu_main(args.workers)
