@@ -138,11 +138,17 @@ class MHC(nn.Module):
             return mhc_pre(x, self.phi, self.alpha, self.bias, self.gamma, sinkhorn_iters=self.sinkhorn_iters)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x [..., n, dim] -> [..., n, dim] in x's dtype."""
-        h_in, h_post, h_res = self.mixings(x)
+        """x [..., n, dim] -> [..., n, dim] in x's dtype.
+
+        x reaches mhc_post through mhc_pre's residual output, so the backward sums the two
+        gradients of x inside the pre backward kernel (no separate pass over [..., n, dim]).
+        """
+        with _no_autocast(x):
+            h_in, h_post, h_res, x_res = mhc_pre(x, self.phi, self.alpha, self.bias, self.gamma,
+                                                 sinkhorn_iters=self.sinkhorn_iters, return_residual=True)
         f = self.sublayer(h_in).to(x.dtype)
         with _no_autocast(x):
-            return mhc_post(f, x, h_post, h_res)
+            return mhc_post(f, x_res, h_post, h_res)
 
 
 def expand_streams(h: Tensor, n: int) -> Tensor:

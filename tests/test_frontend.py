@@ -69,6 +69,7 @@ def test_forward_and_backward_backends_compose(op, case):
 
 class _TinyBlock(torch.nn.Module):
     """All three operators: mHC pre -> lazy attention (GQA) -> mHC post."""
+    residual = False  # x to post through mhc_pre(..., return_residual=True)
 
     def __init__(self, n=4, H=4, Hkv=2, Dh=4):
         super().__init__()
@@ -85,16 +86,21 @@ class _TinyBlock(torch.nn.Module):
 
     def forward(self, x):  # x [B, L, n, D]
         B, L = x.shape[:2]
-        h_in, h_post, h_res = kd.mhc_pre(x, self.phi, self.alpha, self.b, self.gamma)
+        if self.residual:
+            h_in, h_post, h_res, x_res = kd.mhc_pre(x, self.phi, self.alpha, self.b, self.gamma, return_residual=True)
+        else:
+            (h_in, h_post, h_res), x_res = kd.mhc_pre(x, self.phi, self.alpha, self.b, self.gamma), x
         q = h_in.view(B, L, self.H, self.Dh).transpose(1, 2)
         k, v = self.kv(h_in).view(B, L, 2, self.Hkv, self.Dh).permute(2, 0, 3, 1, 4)
         o = kd.lazy_attention(q, k, v, self.bias, self.tau)
-        return kd.mhc_post(o.transpose(1, 2).reshape(B, L, -1), x, h_post, h_res)
+        return kd.mhc_post(o.transpose(1, 2).reshape(B, L, -1), x_res, h_post, h_res)
 
 
-def test_torch_compile_fullgraph_matches_eager():
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "return_residual"])
+def test_torch_compile_fullgraph_matches_eager(residual):
     torch.manual_seed(0)
     model = _TinyBlock()
+    model.residual = residual
     x = torch.randn(2, 7, 4, 16, requires_grad=True)
     eager = model(x)
     eager.square().sum().backward()

@@ -38,12 +38,16 @@ def _factories():
         "pre_gemm_fp16": (lambda: _mhc_pre_gemm_kernel.build(4 * 264, 24, 2), True),
         "pre_bwd_dx_fp16_tail": (lambda: _mhc_pre_bwd_dx_kernel.build(264, "float16", 3, 2, 32, 64, 3), True),
         "post_fwd_tail": (lambda: _mhc_post_fwd_kernel.build(264, "float16"), False),
+        # adding the residual path's gradient (dx_acc) inside the dx kernel
+        "pre_bwd_dx_acc_bf16": (lambda: _mhc_pre_bwd_dx_kernel.build(D, "bfloat16", 1, 1, 32, 64, 3, 128, True), True),
+        "pre_bwd_dx_acc_fp16_tail": (lambda: _mhc_pre_bwd_dx_kernel.build(264, "float16", 3, 2, 32, 64, 2, 128, True),
+                                     True),
     }
 
 
 NAMES = ["post_fwd", "post_bwd", "pre_weights_fwd", "pre_weights_bwd", "pre_gemm_bf16", "pre_mix", "pre_apply",
          "pre_bwd_dot", "pre_bwd_mix", "pre_bwd_dx_bf16", "pre_bwd_param", "pre_gemm_fp16", "pre_bwd_dx_fp16_tail",
-         "post_fwd_tail"]
+         "post_fwd_tail", "pre_bwd_dx_acc_bf16", "pre_bwd_dx_acc_fp16_tail"]
 
 
 def _embedded_cuda_elfs(blob: bytes) -> list[int]:

@@ -86,10 +86,12 @@ def make_inputs(s: Shape, dtype: torch.dtype, device: torch.device, seed: int = 
 
 
 def block(backend: str):
-    """fn(x, phi, alpha, bias, gamma) -> out [T, n, D]: mhc_pre, identity sublayer, mhc_post."""
+    """fn(x, phi, alpha, bias, gamma) -> out [T, n, D]: mhc_pre, identity sublayer, mhc_post, wired as
+    kernel_dispatch.nn.MHC wires them (x reaches post through pre's residual output, so the two
+    gradients of x are summed inside the pre backward kernel)."""
     def fn(x, phi, alpha, bias, gamma):
-        h_in, h_post, h_res = kd.mhc_pre(x, phi, alpha, bias, gamma, backend=backend)
-        return kd.mhc_post(h_in, x, h_post, h_res, backend=backend)
+        h_in, h_post, h_res, x_res = kd.mhc_pre(x, phi, alpha, bias, gamma, backend=backend, return_residual=True)
+        return kd.mhc_post(h_in, x_res, h_post, h_res, backend=backend)
     return fn
 
 

@@ -18,6 +18,9 @@ CONVENTIONS = {
     "mhc_bytes": "minimum bytes per token, bf16: fwd pre 10D + post 18D, bwd pre 26D + post 28D "
                  "(x element size / 2 for other dtypes)",
     "mhc_sol": "fraction of the speed of light = (minimum bytes / copy bandwidth) / measured time",
+    "mhc_block": "mhc_pre -> identity -> mhc_post wired as kernel_dispatch.nn.MHC wires them: x reaches post "
+                 "through pre's residual output (return_residual=True), so the pre backward adds post's gradient "
+                 "of x inside its dx kernel (the 26D bytes of the pre backward count that read)",
     "copy_bandwidth": "dst.copy_(src) of a 1 GiB tensor, bytes read + written over the median time",
     "time": "median of the timed runs (CUDA events), L2 flushed before each; +-x% is half the interquartile "
             "range over the median; fwd is the forward of a training step (autograd on, residuals kept)",

@@ -73,8 +73,12 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
 
 
 def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters: int,
-             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float):
-    """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None)."""
+             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float, dx_acc=None):
+    """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None).
+
+    ``dx_acc`` (None, or [T, n, D] in x's dtype, any strides): a gradient of x from elsewhere (the
+    residual path into mhc_post), added to dx before its one rounding to x's dtype.
+    """
     ct = compute_dtype(x)
     T, n, D = x.shape
     xf = x.to(ct).reshape(T, n * D)
@@ -96,6 +100,8 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     pg = phi.to(ct) if gamma is None else phi.to(ct) * gamma.to(ct)
     dxf = dh_mix @ pg - (d_inv * inv_rms.pow(3) / (n * D))[:, None] * xf
     dx = dxf.view(T, n, D) + h_pre[:, :, None] * g_in[:, None, :]
+    if dx_acc is not None:
+        dx = dx + dx_acc.to(ct)
     grad_pg = dh_mix.t() @ xf
     dphi = grad_pg if gamma is None else grad_pg * gamma.to(ct)
     dgamma = None if gamma is None else (grad_pg * phi.to(ct)).sum(0).to(gamma.dtype)

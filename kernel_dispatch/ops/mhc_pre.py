@@ -3,6 +3,10 @@
 Custom ops ``kernel_dispatch::mhc_pre_fwd`` / ``mhc_pre_bwd`` work on tokens flattened to
 x [T, n, D]; saved for backward: x, phi, alpha, bias, gamma and the fp32 residuals
 z [T, M] (normalised mixing logits) and inv_rms [T].
+
+With ``return_residual=True`` the autograd node also returns x itself (a view) for the residual
+path into mhc_post; the gradient arriving there is added inside the backward kernel that writes
+dx (backend ``backward(..., dx_acc=...)``) instead of by autograd in a separate pass over x.
 """
 from __future__ import annotations
 
@@ -43,12 +47,16 @@ def _(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, 
 @torch.library.custom_op("kernel_dispatch::mhc_pre_bwd", mutates_args=())
 def mhc_pre_bwd(dh_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor,
                 gamma: Optional[Tensor], z: Tensor, inv_rms: Tensor, sinkhorn_iters: int, post_mult: float,
-                norm_eps: float, pre_eps: float, sinkhorn_eps: float,
-                backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dphi, dalpha, dbias, dgamma); dgamma is an empty [0] tensor when gamma is None."""
+                norm_eps: float, pre_eps: float, sinkhorn_eps: float, backend: str,
+                dx_acc: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dphi, dalpha, dbias, dgamma); dgamma is an empty [0] tensor when gamma is None.
+
+    ``dx_acc`` [T, n, D] (x's dtype) or None: the residual path's gradient of x, added into dx.
+    """
+    extra = {} if dx_acc is None else {"dx_acc": dx_acc}
     dx, dphi, dalpha, dbias, dgamma = registry.kernels(OP, backend).backward(
         dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters, post_mult, norm_eps,
-        pre_eps, sinkhorn_eps)
+        pre_eps, sinkhorn_eps, **extra)
     if dgamma is None:
         dgamma = phi.new_empty(0)
     return dx, dphi, dalpha, dbias, dgamma
@@ -61,23 +69,32 @@ def _(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *args):
 
 
 class MHCPreFunction(torch.autograd.Function):
-    """Autograd node for mHC pre on flattened tokens x [T, n, D]."""
+    """Autograd node for mHC pre on flattened tokens x [T, n, D]; with ``residual`` it also returns x."""
 
     @staticmethod
-    def forward(ctx, x, phi, alpha, bias, gamma, hp, fwd_backend, bwd_backend):
+    def forward(ctx, x, phi, alpha, bias, gamma, hp, fwd_backend, bwd_backend, residual=False):
         h_in, h_post, h_res, z, inv_rms = torch.ops.kernel_dispatch.mhc_pre_fwd(x, phi, alpha, bias, gamma, *hp,
                                                                                 fwd_backend)
         ctx.save_for_backward(x, phi, alpha, bias, gamma, z, inv_rms)
         ctx.hp, ctx.bwd_backend = hp, bwd_backend
         ctx.mark_non_differentiable(z, inv_rms)
+        ctx.set_materialize_grads(False)  # an unused x residual must not cost a zero-filled [T, n, D]
+        if residual:
+            return h_in, h_post, h_res, z, inv_rms, x.view_as(x)
         return h_in, h_post, h_res, z, inv_rms
 
     @staticmethod
-    def backward(ctx, dh_in, dh_post, dh_res, _dz, _dinv):
+    def backward(ctx, dh_in, dh_post, dh_res, _dz, _dinv, dx_res=None):
         x, phi, alpha, bias, gamma, z, inv_rms = ctx.saved_tensors
+        T, n, D = x.shape
+        ct = z.dtype
+        dh_in = x.new_zeros(T, D) if dh_in is None else dh_in
+        dh_post = z.new_zeros(T, n, dtype=ct) if dh_post is None else dh_post
+        dh_res = z.new_zeros(T, n, n, dtype=ct) if dh_res is None else dh_res
         dx, dphi, dalpha, dbias, dgamma = torch.ops.kernel_dispatch.mhc_pre_bwd(
-            dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp, ctx.bwd_backend)
-        return dx, dphi, dalpha, dbias, (dgamma if gamma is not None else None), None, None, None
+            dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp, ctx.bwd_backend,
+            None if dx_res is None else dx_res.to(x.dtype))
+        return dx, dphi, dalpha, dbias, (dgamma if gamma is not None else None), None, None, None, None
 
 
 def validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps) -> None:
@@ -109,7 +126,7 @@ def validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pr
 
 def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
             sinkhorn_iters: int = 20, post_mult: float = 2.0, norm_eps: float = 1e-6, pre_eps: float = 1e-6,
-            sinkhorn_eps: float = 1e-6, backend: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+            sinkhorn_eps: float = 1e-6, backend: Any = None, return_residual: bool = False) -> tuple[Tensor, ...]:
     """mHC pre: the sublayer input and the post and res mixings of n residual streams.
 
     Args:
@@ -119,9 +136,13 @@ def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor |
         gamma: [n*D] fp32 RMSNorm weight, or None for ones.
         sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps: see SPEC section 2.
         backend: a backend name or (forward, backward) pair; overrides every other choice.
+        return_residual: also return x itself [..., n, D] (a view) to pass to ``mhc_post`` as its x:
+            the two gradients of x are then summed inside the pre backward kernel, saving autograd's
+            separate add over [T, n, D] (the values are identical either way).
 
     Returns:
-        h_in [..., D] in x's dtype; h_post [..., n] fp32; h_res [..., n, n] fp32, [in, out] layout.
+        h_in [..., D] in x's dtype; h_post [..., n] fp32; h_res [..., n, n] fp32, [in, out] layout;
+        with ``return_residual``, then x [..., n, D].
     """
     validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps)
     lead, (n, D) = x.shape[:-2], x.shape[-2:]
@@ -129,5 +150,10 @@ def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor |
     meta = {"device": x.device.type, "dtype": x.dtype, "n": n, "D": D}
     fwd, bwd = backend_pair(OP, meta, backend)
     hp = (int(sinkhorn_iters), float(post_mult), float(norm_eps), float(pre_eps), float(sinkhorn_eps))
-    h_in, h_post, h_res, _, _ = MHCPreFunction.apply(x.reshape(T, n, D), phi, alpha, bias, gamma, hp, fwd, bwd)
-    return h_in.view(*lead, D), h_post.view(*lead, n), h_res.view(*lead, n, n)
+    if not isinstance(return_residual, bool):
+        raise TypeError(f"return_residual: expected a bool, got {type(return_residual).__name__}")
+    outs = MHCPreFunction.apply(x.reshape(T, n, D), phi, alpha, bias, gamma, hp, fwd, bwd, return_residual)
+    h_in, h_post, h_res = outs[0].view(*lead, D), outs[1].view(*lead, n), outs[2].view(*lead, n, n)
+    if return_residual:
+        return h_in, h_post, h_res, outs[5].view(x.shape)
+    return h_in, h_post, h_res

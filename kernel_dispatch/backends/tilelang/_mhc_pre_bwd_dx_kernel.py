@@ -1,6 +1,6 @@
 """TileLang kernel factory: the mHC pre backward GEMMs, dx and the dphi partials.
 
-dx[t, i, d] = (G @ pg)[t, i*D + d] - coef[t] x[t, i, d] + h_pre[t, i] dh_in[t, d]
+dx[t, i, d] = (G @ pg)[t, i*D + d] - coef[t] x[t, i, d] + h_pre[t, i] dh_in[t, d] (+ DXA[t, i, d])
 grad_pg partial: sum over a split's tokens of G[t, m] x[t, i, d]
 
 CTA (feature chunk of DC, token split s) handles the n streams of its chunk as one tile of
@@ -12,7 +12,9 @@ and acc [64, n*DC] += Gp^T @ x (rows m and 32 + m: the G_hi and G_lo products), 
 registers over the whole token range and written raw per split; the param kernel adds the two
 halves and the splits in a fixed order, so dphi and dgamma are deterministic.
 
-x may come in P bf16 pieces (P = 2 for fp16 x, x = hi + lo exactly): XP [T, P, n, D].
+x may come in P bf16 pieces (P = 2 for fp16 x, x = hi + lo exactly): XP [T, P, n, D]. With ``acc`` the
+kernel adds DXA [T, n, D] (``dtype``: the residual path's gradient of x) to dx before rounding once;
+without it DXA is never read (any [1, n, D] tensor will do).
 Layout: XP [T, P, n, D] bf16; GIn [T, D] and DX [T, n, D] in ``dtype``; Gp [T, 64] bf16;
 Aux [T, 8] fp32 (coef, h_pre[0..n-1]); W [96, n, D] bf16; Part [S, 64, NCH, n*DC] fp32 with
 NCH = ceil(D / DC) (column i*DC + d of chunk c is feature c*DC + d of stream i). T symbolic, D
@@ -26,20 +28,22 @@ from ._build import import_tilelang
 from ._mhc_common import N_STREAMS, SMEM_LIMIT
 
 
-def smem_bytes(dtype: str, P: int, DC: int, BT: int, stages: int) -> int:
+def smem_bytes(dtype: str, P: int, DC: int, BT: int, stages: int, acc: bool = False) -> int:
     """An upper bound of the kernel's shared memory (the sum of its buffers)."""
     es, NC = (4 if dtype == "float32" else 2), N_STREAMS * DC
-    stage = P * BT * NC * 2 + BT * DC * es + BT * 64 * 2 + BT * 32 * 2 + BT * 8 * 4
+    stage = P * BT * NC * 2 + BT * DC * es + BT * 64 * 2 + BT * 32 * 2 + BT * 8 * 4 + (BT * NC * es if acc else 0)
     return 96 * NC * 2 + stages * stage + BT * NC * es
 
 
 @functools.lru_cache(maxsize=None)
-def build(D: int, dtype: str, S: int, P: int = 1, DC: int = 32, BT: int = 64, stages: int = 4, threads: int = 128):
-    """The dx/dphi ``T.prim_func`` for feature size ``D``, ``dtype`` of x, ``S`` token splits, ``P`` x pieces.
+def build(D: int, dtype: str, S: int, P: int = 1, DC: int = 32, BT: int = 64, stages: int = 4, threads: int = 128,
+          acc: bool = False):
+    """The dx/dphi ``T.prim_func`` for feature size ``D``, ``dtype`` of x, ``S`` token splits, ``P`` x pieces,
+    ``acc``: add DXA into dx.
 
-    Parameters, in order: XP, GIn, Gp, Aux, W, DX, Part.
+    Parameters, in order: XP, GIn, Gp, Aux, W, DXA, DX, Part.
     """
-    need = smem_bytes(dtype, P, DC, BT, stages)
+    need = smem_bytes(dtype, P, DC, BT, stages, acc)
     if need > SMEM_LIMIT:
         raise ValueError(f"dx kernel: P={P}, DC={DC}, BT={BT}, stages={stages} needs {need} bytes of shared memory "
                          f"> {SMEM_LIMIT}")
@@ -51,19 +55,22 @@ def build(D: int, dtype: str, S: int, P: int = 1, DC: int = 32, BT: int = 64, st
     NCH, NC = -(-D // DC), N_STREAMS * DC
     pieces, streams = tuple(range(P)), tuple(range(N_STREAMS))
     nt = T.dynamic("num_tokens")
+    na = T.dynamic("num_acc_tokens")
 
     @T.prim_func
     def mhc_pre_bwd_dx(XP: T.Tensor((nt, P, N_STREAMS, D), bf), GIn: T.Tensor((nt, D), dtype),
                        Gp: T.Tensor((nt, 64), bf), Aux: T.Tensor((nt, 8), f32), W: T.Tensor((96, N_STREAMS, D), bf),
-                       DX: T.Tensor((nt, N_STREAMS, D), dtype), Part: T.Tensor((S, 64, NCH, NC), f32)):
+                       DXA: T.Tensor((na, N_STREAMS, D), dtype), DX: T.Tensor((nt, N_STREAMS, D), dtype),
+                       Part: T.Tensor((S, 64, NCH, NC), f32)):
         with T.Kernel(NCH, S, threads=threads) as (c, s):
-            d0 = T.min(c * DC, D)  # (= c * DC; D named in the body so the annotations can see it)
+            d0 = T.min(c * DC, D + na * 0)  # (= c * DC; D and na named in the body so the annotations see them)
             wa = T.alloc_shared((64, NC), bf)
             wb = T.alloc_shared((32, NC), bf)
             xs = [T.alloc_shared((BT, NC), bf) for _ in pieces]
+            xa = T.alloc_shared((BT, NC) if acc else (8, 64), dtype)
             # 64-byte swizzle: panels of 32 bf16 columns, so each stream's [rows, DC] block is contiguous
             # (one TMA box) and the n streams side by side form one wgmma operand
-            T.annotate_layout({buf: make_half_bank_swizzled_layout(buf) for buf in [wa, wb] + xs})
+            T.annotate_layout({buf: make_half_bank_swizzled_layout(buf) for buf in [wa, wb, xa] + xs})
             for i in streams:
                 T.copy(W[0:64, i, d0:d0 + DC], wa[:, i * DC:(i + 1) * DC], disable_tma=True)
                 T.copy(W[64:96, i, d0:d0 + DC], wb[:, i * DC:(i + 1) * DC], disable_tma=True)
@@ -87,6 +94,9 @@ def build(D: int, dtype: str, S: int, P: int = 1, DC: int = 32, BT: int = 64, st
                 T.copy(Gp[t0:t0 + BT, :], gq)
                 T.copy(Gp[t0:t0 + BT, 0:32], gh)
                 T.copy(Aux[t0:t0 + BT, :], aux)
+                if acc:
+                    for i in streams:
+                        T.copy(DXA[t0:t0 + BT, i, d0:d0 + DC], xa[:, i * DC:(i + 1) * DC])
                 T.gemm(gq, wa, acc_dx, clear_accum=True)
                 T.gemm(gh, wb, acc_dx)
                 for p in pieces:
@@ -96,7 +106,10 @@ def build(D: int, dtype: str, S: int, P: int = 1, DC: int = 32, BT: int = 64, st
                         xv = T.cast(xs[0][t, i * DC + j], f32)
                         if P == 2:
                             xv = xv + T.cast(xs[1][t, i * DC + j], f32)
-                        out[i][t, j] = acc_dx[t, i * DC + j] - aux[t, 0] * xv + aux[t, 1 + i] * g_sh[t, j]
+                        r = acc_dx[t, i * DC + j] - aux[t, 0] * xv + aux[t, 1 + i] * g_sh[t, j]
+                        if acc:
+                            r = r + T.cast(xa[t, i * DC + j], f32)
+                        out[i][t, j] = r
                     T.copy(out[i], DX[t0:t0 + BT, i, d0:d0 + DC])
             T.copy(acc_phi, Part[s, :, c, :])
 

@@ -48,6 +48,8 @@ def kernel_specs(D: int, dtype: torch.dtype, hp: tuple, sms: int) -> dict:
     ctas = DX_CTAS_PER_SM if P == 1 else 1   # fp16: two x pieces per stage, one CTA of 3 stages
     S2 = dx_splits(D, sms * ctas)
     dx_stages = {(1, 1): 4, (1, 2): 2, (2, 1): 3}[(P, ctas)]
+    S3 = dx_splits(D, sms)                  # adding dx_acc: one CTA per SM (its tiles double the shared memory)
+    acc_stages = 3 if P == 1 else 2
     return {
         "weights_fwd": (_mhc_pre_weights_kernel.build, (M, K, "fwd")),
         "gemm": (_mhc_pre_gemm_kernel.build, (K, M, P)),
@@ -58,6 +60,8 @@ def kernel_specs(D: int, dtype: torch.dtype, hp: tuple, sms: int) -> dict:
         "weights_bwd": (_mhc_pre_weights_kernel.build, (M, K, "bwd")),
         "dx": (_mhc_pre_bwd_dx_kernel.build, (D, dt, S2, P, DX_CHUNK, 64, dx_stages)),
         "param": (_mhc_pre_bwd_param_kernel.build, (M, D, S2, DX_CHUNK)),
+        "dx_acc": (_mhc_pre_bwd_dx_kernel.build, (D, dt, S3, P, DX_CHUNK, 64, acc_stages, 128, True)),
+        "param_acc": (_mhc_pre_bwd_param_kernel.build, (M, D, S3, DX_CHUNK)),
     }
 
 
@@ -97,6 +101,14 @@ def _check_params(x, phi, alpha, bias, gamma):
     return T, n, D, M, K
 
 
+def _acc_dummy(n: int, D: int, dtype, device) -> torch.Tensor:
+    """The DXA argument of a dx kernel built without ``acc`` (never read)."""
+    key = ("acc", n, D, dtype, device)
+    if key not in _consts:
+        _consts[key] = torch.zeros((1, n, D), dtype=dtype, device=device)
+    return _consts[key]
+
+
 def _gamma32(gamma, K, device):
     return _ones(K, device) if gamma is None else dense(gamma, F32)
 
@@ -131,8 +143,11 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
 
 
 def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters: int,
-             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float):
-    """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None)."""
+             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float, dx_acc=None):
+    """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None).
+
+    ``dx_acc`` None or [T, n, D] (x's dtype, any strides): added into dx inside the dx kernel.
+    """
     T, n, D, M, K = _check_params(x, phi, alpha, bias, gamma)
     dev = x.device
     ks = _kernels(x, (sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps))
@@ -151,15 +166,22 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     w = torch.empty((96, K), dtype=torch.bfloat16, device=dev)
     ks["weights_bwd"][0](phi32, gamma32, w)
 
-    S = ks["dx"][1][2]
+    dx_stage, param_stage = ("dx", "param") if dx_acc is None else ("dx_acc", "param_acc")
+    if dx_acc is not None:
+        if tuple(dx_acc.shape) != (T, n, D):
+            raise ValueError(f"dx_acc: expected shape {[T, n, D]}, got {list(dx_acc.shape)}")
+        xa = dense(dx_acc, x.dtype)
+    else:
+        xa = _acc_dummy(n, D, x.dtype, dev)
+    S = ks[dx_stage][1][2]
     xp = bf16_pieces(xc)
     dx = torch.empty((T, n, D), dtype=x.dtype, device=dev)
     part = torch.empty((S, 64, -(-D // DX_CHUNK), n * DX_CHUNK), dtype=F32, device=dev)
-    ks["dx"][0](xp, g, gp, aux, w.view(96, n, D), dx, part)
+    ks[dx_stage][0](xp, g, gp, aux, w.view(96, n, D), xa, dx, part)
 
     dphi = torch.empty((M, K), dtype=F32, device=dev)
     dgamma = torch.empty((K,), dtype=F32, device=dev)
-    ks["param"][0](part, phi32, gamma32, dphi, dgamma)
+    ks[param_stage][0](part, phi32, gamma32, dphi, dgamma)
 
     sums = pg.sum(1)  # a fixed-order reduction over the mix kernel's CTAs
     dbias, dalpha = sums[:M], sums[32:35].clone()

@@ -2,15 +2,14 @@
 kernel and one torch.sum (of the per-block dbias/dalpha sums), three launches:
 
 1. ``token``: one program per block of BT_TOKEN tokens. Streams x and dh_in once for
-   dh_pre = x . dh_in, then per token: the sigmoid gradients, the Sinkhorn backward through every
+   dh_pre = x . dh_in (elementwise products accumulated in a register tile, reduced once after
+   the loop), then per token: the sigmoid gradients, the Sinkhorn backward through every
    iteration (iterates stored going forward in a per-block fp32 scratch and read back in
-   reverse), dlogits [T, M] (gradient of the pre-activation logits, before alpha), the RMS term
-   coef [T], h_pre [T, n], and this block's partial sums of dbias and dalpha [M + 3].
-2. ``grad``: program (column chunk, token split) streams x and dh_in again and writes
-   dx = dh_mix @ (phi * gamma) - coef * x + h_pre * dh_in, while accumulating
-   dh_mix^T @ x over its tokens into a per-split partial [S, M, n*D] (tensor cores, products as in
-   _mhc_common: about 17 bits of every fp32 operand). W = phi * gamma comes from the forward's
-   weights kernel.
+   reverse), G = dh_mix [T, M] written as the grad kernel's GEMM operand ``gq`` (bf16 hi | lo
+   pieces for 16-bit x, fp32 for fp32 x, zero padded), the RMS term coef [T], h_pre [T, n], and
+   this block's partial sums of dbias and dalpha [M + 3].
+2. ``grad`` (_mhc_pre_bwd_grad): dx (plus an optional incoming dx_acc) and the per-split
+   partials of G^T @ x [S, M, n*D].
 3. ``param``: sums the partials over the splits in a fixed order; writes dphi and dgamma.
 """
 from __future__ import annotations
@@ -18,7 +17,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, dot_ww, dot_wx, sinkhorn_bwd, split_for
+from ._mhc_common import autotune, sinkhorn_bwd
+from ._mhc_pre_bwd_grad import (GRAD_INTERPRET_CONFIG, GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN,  # noqa: F401
+                                grad_configs, mhc_pre_bwd_grad_kernel)
 
 BT_TOKEN = 8  # tokens per program of the token kernel (fixed: it sizes the scratch and the partials)
 TOKEN_CONFIGS = [
@@ -28,39 +29,32 @@ TOKEN_CONFIGS = [
     triton.Config({"BK": 1024}, num_warps=8, num_stages=2),
 ]
 TOKEN_INTERPRET_CONFIG = triton.Config({"BK": 64}, num_warps=4, num_stages=1)
-
-_C = triton.Config
-_GRAD_16BIT = [
-    _C({"BT": 16, "BK": 256}, num_warps=8, num_stages=3), _C({"BT": 32, "BK": 128}, num_warps=8, num_stages=3),
-    _C({"BT": 16, "BK": 128}, num_warps=4, num_stages=3), _C({"BT": 32, "BK": 64}, num_warps=4, num_stages=3),
-    _C({"BT": 64, "BK": 64}, num_warps=8, num_stages=3)]
-_GRAD_FP32 = [_C({"BT": 16, "BK": 64}, num_warps=4, num_stages=3), _C({"BT": 32, "BK": 64}, num_warps=8, num_stages=3),
-              _C({"BT": 16, "BK": 128}, num_warps=4, num_stages=3)]
-_GRAD_N8 = [_C({"BT": 16, "BK": 64}, num_warps=4, num_stages=3), _C({"BT": 32, "BK": 64}, num_warps=8, num_stages=3)]
-
-
-def grad_configs(x_kind: int, n: int) -> list:
-    """Autotuned configs of the grad kernel: tiles whose sm_90 build needs no register spills
-    (fp32 x at n = 8 excepted), per x dtype (X_KIND) and n."""
-    if n > 4:
-        return _GRAD_N8
-    return _GRAD_FP32 if x_kind == 2 else _GRAD_16BIT
-
-
-GRAD_INTERPRET_CONFIG = triton.Config({"BT": 16, "BK": 64}, num_warps=4, num_stages=1)
-GRAD_SPLIT_ALIGN = 64  # tokens per split are a multiple of this (every BT divides it)
-
 PARAM_BC, PARAM_WARPS = 128, 4
 
 
-@autotune(TOKEN_CONFIGS, TOKEN_INTERPRET_CONFIG, key=["N", "D"])
+@triton.jit
+def _store_g(gq_ptr, t, c, mask, g, X_KIND: tl.constexpr, MP: tl.constexpr):
+    """gq[t, c] = fp32 g (t, c, mask and g broadcast together): bf16 hi at column c and lo at
+    c + MP for 16-bit x (X_KIND 0, 1), or g itself for fp32 x (rows of MP)."""
+    if X_KIND == 2:
+        tl.store(gq_ptr + t * MP + c, g, mask=mask)
+    else:
+        hi = g.to(tl.bfloat16)
+        lo = (g - hi.to(tl.float32)).to(tl.bfloat16)
+        tl.store(gq_ptr + t * (2 * MP) + c, hi, mask=mask)
+        tl.store(gq_ptr + t * (2 * MP) + MP + c, lo, mask=mask)
+
+
+@autotune(TOKEN_CONFIGS, TOKEN_INTERPRET_CONFIG, key=["N", "D", "X_KIND"])
 @triton.jit
 def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alpha_ptr, bias_ptr,
-                             dlog_ptr, coef_ptr, hpre_ptr, part_ptr, scr_ptr,
+                             gq_ptr, coef_ptr, hpre_ptr, part_ptr, scr_ptr,
                              T, D, sxt, sxi, sxd, sgt, sgd, ITERS, post_mult, pre_eps, sk_eps,
-                             N: tl.constexpr, M: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+                             X_KIND: tl.constexpr, N: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
+                             BT: tl.constexpr, BK: tl.constexpr):
     """x [T, N, D], dh_in (g) [T, D] strided; dh_post [T, N], dh_res [T, N, N], z [T, M], inv_rms [T]
-    fp32 contiguous. Writes dlogits [T, M], coef [T], h_pre [T, N], partials [blocks, M + 3] (fp32)."""
+    fp32 contiguous. Writes gq (G = dh_mix: [T, 2*MP] bf16 [hi | lo] for 16-bit x, [T, MP] fp32 for
+    fp32 x, zero padded), coef [T], h_pre [T, N], partials [blocks, M + 3] (fp32)."""
     BD: tl.constexpr = BK // N
     blk = tl.program_id(0)
     t = blk * BT + tl.arange(0, BT)
@@ -70,14 +64,16 @@ def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alp
     ij = j[:, None] * N + j[None, :]
     dd = tl.arange(0, BD)
 
-    dh_pre = tl.zeros([BT, N], tl.float32)
+    # x . dh_in: products summed elementwise over the chunks, reduced across threads once
+    x_rows = x_ptr + t64[:, None, None] * sxt + j[None, :, None] * sxi
+    prod = tl.zeros([BT, N, BD], tl.float32)
     for d0 in range(0, D, BD):
         d = d0 + dd
         mask = tmask[:, None] & (d < D)[None, :]
         gv = tl.load(g_ptr + t64[:, None] * sgt + d[None, :] * sgd, mask=mask, other=0.0).to(tl.float32)
-        for i in tl.static_range(N):
-            xi = tl.load(x_ptr + t64[:, None] * sxt + i * sxi + d[None, :] * sxd, mask=mask, other=0.0)
-            dh_pre += tl.where(j[None, :] == i, tl.sum(xi.to(tl.float32) * gv, 1)[:, None], 0.0)
+        xv = tl.load(x_rows + d[None, None, :] * sxd, mask=mask[:, None, :], other=0.0)
+        prod += xv.to(tl.float32) * gv[:, None, :]
+    dh_pre = tl.sum(prod, 2)
 
     zrow = z_ptr + t64 * M
     zpre = tl.load(zrow[:, None] + j[None, :], mask=tmask[:, None], other=0.0)
@@ -99,10 +95,15 @@ def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alp
     d_res = sinkhorn_bwd(logits, dhr, ITERS, sk_eps, scr, BT * N * N)
     d_res = tl.where(tmask[:, None, None], d_res, 0.0)
 
-    drow = dlog_ptr + t64 * M
-    tl.store(drow[:, None] + j[None, :], d_pre, mask=tmask[:, None])
-    tl.store(drow[:, None] + N + j[None, :], d_post, mask=tmask[:, None])
-    tl.store(drow[:, None, None] + 2 * N + ij[None, :, :], d_res, mask=tmask[:, None, None])
+    inv2 = inv[:, None]
+    t2, t3 = t64[:, None], t64[:, None, None]
+    _store_g(gq_ptr, t2, j[None, :], tmask[:, None], d_pre * a0 * inv2, X_KIND, MP)
+    _store_g(gq_ptr, t2, N + j[None, :], tmask[:, None], d_post * a1 * inv2, X_KIND, MP)
+    _store_g(gq_ptr, t3, 2 * N + ij[None, :, :], tmask[:, None, None], d_res * a2 * inv[:, None, None], X_KIND, MP)
+    GR: tl.constexpr = MP if X_KIND == 2 else 2 * MP
+    pad = tl.arange(0, GR)
+    tl.store(gq_ptr + t64[:, None] * GR + pad[None, :], tl.zeros([BT, GR], gq_ptr.dtype.element_ty),
+             mask=tmask[:, None] & ((pad % MP) >= M)[None, :])
     za_pre = tl.sum(d_pre * zpre, 1)
     za_post = tl.sum(d_post * zpost, 1)
     za_res = tl.sum(tl.sum(d_res * zres, 2), 1)
@@ -117,60 +118,6 @@ def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alp
     tl.store(prow + M, tl.sum(za_pre, 0))
     tl.store(prow + M + 1, tl.sum(za_post, 0))
     tl.store(prow + M + 2, tl.sum(za_res, 0))
-
-
-@autotune(grad_configs, GRAD_INTERPRET_CONFIG, key=["N", "D", "X_KIND"])
-@triton.jit
-def mhc_pre_bwd_grad_kernel(x_ptr, g_ptr, w_ptr, wlo_ptr, alpha_ptr, dlog_ptr, inv_ptr, coef_ptr, hpre_ptr,
-                            dx_ptr, part_ptr, T, D, TPS, sxt, sxi, sxd, sgt, sgd,
-                            X_KIND: tl.constexpr, N: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
-                            BT: tl.constexpr, BK: tl.constexpr):
-    """Grid (column chunks of BK // N per stream, token splits of TPS tokens); W as in the forward.
-
-    Writes dx [T, N, D] (x's dtype, contiguous) and partial dh_mix^T @ x [S, M, N*D] fp32.
-    """
-    BD: tl.constexpr = BK // N
-    ND = N * D
-    k = tl.arange(0, BK)
-    ki = k // BD
-    d = tl.program_id(0) * BD + k % BD
-    dmask = d < D
-    col = ki * D + d
-    m = tl.arange(0, MP)
-    mmask = m < M
-    w_off = m[:, None] * ND + col[None, :]
-    w_mask = mmask[:, None] & dmask[None, :]
-    w_hi = tl.load(w_ptr + w_off, mask=w_mask, other=0.0)
-    if X_KIND == 2:
-        w_lo = w_hi
-    else:
-        w_lo = tl.load(wlo_ptr + w_off, mask=w_mask, other=0.0)
-    a_col = tl.load(alpha_ptr + tl.where(m < N, 0, tl.where(m < 2 * N, 1, 2)))
-
-    acc = tl.zeros([MP, BK], tl.float32)
-    s = tl.program_id(1)
-    t_lo = s * TPS
-    t_hi = tl.minimum(T, t_lo + TPS)
-    x_cols = x_ptr + ki.to(tl.int64)[None, :] * sxi + d[None, :] * sxd
-    for t0 in range(t_lo, t_hi, BT):
-        t = t0 + tl.arange(0, BT)
-        tmask = t < t_hi
-        t64 = t.to(tl.int64)
-        inv = tl.load(inv_ptr + t64, mask=tmask, other=0.0)
-        dl = tl.load(dlog_ptr + t64[:, None] * M + m[None, :], mask=tmask[:, None] & mmask[None, :], other=0.0)
-        d_hi, d_lo = split_for(dl * a_col[None, :] * inv[:, None], X_KIND)
-        mask = tmask[:, None] & dmask[None, :]
-        xk = tl.load(x_cols + t64[:, None] * sxt, mask=mask, other=0.0)
-        acc = dot_wx(tl.trans(d_hi), tl.trans(d_lo), xk, acc, X_KIND)
-        dx = dot_ww(d_hi, d_lo, w_hi, w_lo, tl.zeros([BT, BK], tl.float32), X_KIND)
-        coef = tl.load(coef_ptr + t64, mask=tmask, other=0.0)
-        dx -= coef[:, None] * xk.to(tl.float32)
-        gk = tl.load(g_ptr + t64[:, None] * sgt + d[None, :] * sgd, mask=mask, other=0.0)
-        hp = tl.load(hpre_ptr + t64[:, None] * N + ki[None, :], mask=mask, other=0.0)
-        dx += hp * gk.to(tl.float32)
-        tl.store(dx_ptr + t64[:, None] * ND + col[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    tl.store(part_ptr + s.to(tl.int64) * (M * ND) + m[:, None] * ND + col[None, :], acc,
-             mask=mmask[:, None] & dmask[None, :])
 
 
 @triton.jit

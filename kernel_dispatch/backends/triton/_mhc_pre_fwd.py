@@ -1,55 +1,61 @@
-"""The mHC pre forward kernels (SPEC section 2).
+"""The mHC pre forward kernels (SPEC section 2): weights, split-K GEMM; mix and apply in _mhc_pre_fwd_apply.
 
-``weights``: W = phi * gamma [M, n*D] once per call, as bf16 (hi, lo) planes for 16-bit x or fp32
-for fp32 x (see the GEMM products in _mhc_common); both pre kernels read it.
+Forward = 4 launches: ``fwd_weights`` (W = phi * gamma transposed to [n*D, WS]) -> ``gemm``
+(x read once: h_mix partials and sum x^2 per K split) -> mix (fixed-order sum of the splits, z,
+inv_rms, h_pre, h_post, Sinkhorn h_res) -> apply (x read again, streaming: h_in).
 
-``fwd``: one program per block of BT tokens. Pass 1 streams x once in chunks of BD = BK // n
-columns of every stream and accumulates h_mix [BT, MP] = x @ W^T on tensor cores together with
-sum(x^2). The epilogue writes z and inv_rms, reads z back in the [n] / [n, n] layouts the mixings
-need (a block barrier makes the writes visible) and runs the Sinkhorn iteration in registers.
-Pass 2 re-reads x in reverse chunk order, so that its first reads are the lines pass 1 touched
-last (still in L2), and writes h_in = sum_i h_pre[i] x[i]; its tiles are [BT, BH] per stream
-(h_pre recomputed from z per chunk), so no tile changes layout inside the loop.
+GEMM operand layout: Wt [n*D, WS] row k = stream k // D, feature k % D. For 16-bit x, WS = 2M:
+columns 0..M-1 hold the bf16 hi piece of W[m, k] and M..2M-1 its bf16 lo piece, so ONE tensor
+core product x @ Wt gives the hi and lo products of every row side by side (the ~17-bit scheme of
+``_mhc_common.dot_xw``, with hi and lo in separate fp32 accumulators, summed by the mix kernel;
+fp16 x enters as its two exact bf16 pieces, two products).
+For fp32 x, WS = M, fp32, TF32x3. Part [T, S, WS] and Sq [T, S] fp32 hold the per-split results.
+
+``mhc_pre_weights_kernel`` (W in [M, n*D] as hi/lo planes) serves the backward.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, dot_xw, sinkhorn
+from ._mhc_common import X_KINDS, autotune, compile_spec, dot16, pow2_at_least, split_bf16
+from ._mhc_pre_fwd_apply import APPLY_CONFIGS, MIX_BT, MIX_WARPS, mhc_pre_fwd_apply_kernel, mhc_pre_fwd_mix_kernel
 
-# BT tokens per program; BK columns of x per pass-1 chunk over all streams (BK // n of each
-# stream); BH columns per pass-2 chunk. Tiles whose sm_90 build needs no register spills
-# (fp32 x at n = 8 excepted) and fits shared memory, per x dtype (X_KIND) and n.
-_C = triton.Config
-_CONFIGS = {
-    0: [_C({"BT": 64, "BK": 64, "BH": 64}, num_warps=4, num_stages=4),
-        _C({"BT": 64, "BK": 128, "BH": 64}, num_warps=8, num_stages=3),
-        _C({"BT": 32, "BK": 128, "BH": 128}, num_warps=4, num_stages=4),
-        _C({"BT": 32, "BK": 256, "BH": 128}, num_warps=8, num_stages=3),
-        _C({"BT": 16, "BK": 256, "BH": 128}, num_warps=4, num_stages=4),
-        # one program per SM: the smallest set of x rows in flight, for pass 2 to find in L2
-        _C({"BT": 16, "BK": 256, "BH": 128}, num_warps=8, num_stages=4),
-        _C({"BT": 32, "BK": 256, "BH": 128}, num_warps=8, num_stages=4)],
-    1: [_C({"BT": 64, "BK": 64, "BH": 64}, num_warps=8, num_stages=3),
-        _C({"BT": 32, "BK": 64, "BH": 128}, num_warps=4, num_stages=3),
-        _C({"BT": 16, "BK": 128, "BH": 128}, num_warps=4, num_stages=3),
-        _C({"BT": 64, "BK": 64, "BH": 64}, num_warps=4, num_stages=4)],
-    2: [_C({"BT": 64, "BK": 32, "BH": 64}, num_warps=4, num_stages=4),
-        _C({"BT": 16, "BK": 64, "BH": 128}, num_warps=4, num_stages=4),
-        _C({"BT": 64, "BK": 64, "BH": 64}, num_warps=8, num_stages=3)],
-}
-_CONFIGS_N8 = [_C({"BT": 16, "BK": 64, "BH": 128}, num_warps=4, num_stages=3),
-               _C({"BT": 32, "BK": 64, "BH": 128}, num_warps=4, num_stages=3)]
-
-
-def configs(x_kind: int, n: int) -> list:
-    """The autotuned configs of :func:`mhc_pre_fwd_kernel` for x of ``x_kind`` and ``n`` streams."""
-    return _CONFIGS[x_kind] if n <= 4 else _CONFIGS_N8
-
-
-INTERPRET_CONFIG = triton.Config({"BT": 16, "BK": 64, "BH": 32}, num_warps=4, num_stages=1)
 WEIGHTS_BLOCK = 1024
+FWD_WEIGHTS_BK = 64  # rows k of Wt per program of mhc_pre_fwd_weights_kernel
+
+# BT tokens per program, BK features of one stream per chunk. Per x dtype (X_KIND) and n.
+_C = triton.Config
+_GEMM_CONFIGS = {
+    0: [_C({"BT": 128, "BK": 64}, num_warps=8, num_stages=4),
+        _C({"BT": 128, "BK": 128}, num_warps=8, num_stages=3),
+        _C({"BT": 64, "BK": 128}, num_warps=4, num_stages=4),
+        _C({"BT": 64, "BK": 64}, num_warps=4, num_stages=6),
+        _C({"BT": 256, "BK": 64}, num_warps=8, num_stages=3)],
+    1: [_C({"BT": 128, "BK": 64}, num_warps=8, num_stages=3),
+        _C({"BT": 64, "BK": 64}, num_warps=4, num_stages=4),
+        _C({"BT": 128, "BK": 64}, num_warps=8, num_stages=4)],
+    2: [_C({"BT": 64, "BK": 32}, num_warps=4, num_stages=4),
+        _C({"BT": 128, "BK": 32}, num_warps=8, num_stages=4),
+        _C({"BT": 64, "BK": 64}, num_warps=8, num_stages=3)],
+}
+_GEMM_CONFIGS_N8 = {  # Part is 2M = 160 columns wide (fp32 x: 80): smaller tiles against register spills
+    0: [_C({"BT": 64, "BK": 64}, num_warps=8, num_stages=3), _C({"BT": 64, "BK": 32}, num_warps=8, num_stages=4)],
+    1: [_C({"BT": 32, "BK": 32}, num_warps=4, num_stages=4), _C({"BT": 64, "BK": 16}, num_warps=8, num_stages=4)],
+    2: [_C({"BT": 64, "BK": 64}, num_warps=8, num_stages=3), _C({"BT": 64, "BK": 32}, num_warps=8, num_stages=4)],
+}
+GEMM_INTERPRET_CONFIG = triton.Config({"BT": 16, "BK": 32}, num_warps=4, num_stages=1)
+GEMM_REF_BT = 128  # the token block the launcher sizes the K splits for
+
+
+def gemm_configs(x_kind: int, n: int) -> list:
+    """The autotuned configs of :func:`mhc_pre_fwd_gemm_kernel` for x of ``x_kind`` and ``n`` streams."""
+    return (_GEMM_CONFIGS if n <= 4 else _GEMM_CONFIGS_N8)[x_kind]
+
+
+def gemm_width(m: int, x_kind: int) -> int:
+    """WS: the columns of Wt and Part for M = ``m`` mixing rows (hi and lo side by side unless fp32 x)."""
+    return m if x_kind == 2 else 2 * m
 
 
 @triton.jit
@@ -69,72 +75,90 @@ def mhc_pre_weights_kernel(phi_ptr, gamma_ptr, w_ptr, wlo_ptr, total, ND,
         tl.store(w_ptr + i, w, mask=mask)
 
 
-@autotune(configs, INTERPRET_CONFIG, key=["N", "D", "X_KIND"])
 @triton.jit
-def mhc_pre_fwd_kernel(x_ptr, w_ptr, wlo_ptr, alpha_ptr, bias_ptr,
-                       h_in_ptr, h_post_ptr, h_res_ptr, z_ptr, inv_ptr,
-                       T, D, sxt, sxi, sxd, ITERS, post_mult, norm_eps, pre_eps, sk_eps,
-                       X_KIND: tl.constexpr, N: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr):
-    """x [T, N, D] strided; W [M, N*D] (hi and lo planes, or fp32 in w_ptr), alpha [3], bias [M].
+def mhc_pre_fwd_weights_kernel(phi_ptr, gamma_ptr, w_ptr, ND,
+                               HAS_GAMMA: tl.constexpr, SPLIT: tl.constexpr, M: tl.constexpr,
+                               WS: tl.constexpr, WN: tl.constexpr, BK: tl.constexpr):
+    """phi [M, ND], gamma [ND] fp32 -> Wt [ND, WS]: (hi | lo) bf16 of phi * gamma if SPLIT, else fp32."""
+    k = tl.program_id(0) * BK + tl.arange(0, BK)
+    c = tl.arange(0, WN)
+    m = c % M
+    mask = (k < ND)[:, None] & (c < WS)[None, :]
+    w = tl.load(phi_ptr + m[None, :] * ND + k[:, None], mask=mask, other=0.0)
+    if HAS_GAMMA:
+        w = w * tl.load(gamma_ptr + k, mask=k < ND, other=0.0)[:, None]
+    if SPLIT:
+        hi = w.to(tl.bfloat16)
+        lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
+        w = tl.where((c < M)[None, :], hi, lo)
+    tl.store(w_ptr + k[:, None] * WS + c[None, :], w, mask=mask)
 
-    Writes h_in [T, D] (x's dtype), h_post [T, N], h_res [T, N, N], z [T, M], inv_rms [T], fp32.
+
+@triton.jit
+def _dot_cat(x, w, acc, X_KIND: tl.constexpr):
+    """acc + x @ w; x [BT, BK] in the activations' dtype, w a [BK, WN] tile of Wt (see module doc)."""
+    if X_KIND == 2:
+        acc = tl.dot(x, w, acc, input_precision="tf32x3")
+    elif X_KIND == 0:
+        acc = dot16(x, w, acc)
+    else:  # fp16 x = hi + lo exactly in bf16
+        x_hi, x_lo = split_bf16(x.to(tl.float32))
+        acc = dot16(x_hi, w, acc)
+        acc = dot16(x_lo, w, acc)
+    return acc
+
+
+@autotune(gemm_configs, GEMM_INTERPRET_CONFIG, key=["N", "D", "X_KIND"])
+@triton.jit
+def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
+                            X_KIND: tl.constexpr, N: tl.constexpr, WS: tl.constexpr, WN: tl.constexpr,
+                            BT: tl.constexpr, BK: tl.constexpr):
+    """x [T, N, D] strided, Wt [N*D, WS] -> Part [T, S, WS] = x @ Wt and Sq [T, S] = sum x^2, fp32.
+
+    Grid (token blocks, S): split s owns features [s*DS, (s+1)*DS) of every stream, DS a multiple
+    of BK; its chunks run feature-major (the N streams of one feature range back to back).
     """
-    BD: tl.constexpr = BK // N
-    ND = N * D
+    s = tl.program_id(1)
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     tmask = t < T
     t64 = t.to(tl.int64)
-    k = tl.arange(0, BK)  # chunk column k holds stream k // BD, offset k % BD
-    ki = k // BD
-    kd = k % BD
-    m = tl.arange(0, MP)
-    mmask = m < M
+    ds = tl.cdiv(tl.cdiv(D, tl.num_programs(1)), BK) * BK
+    d_lo = s * ds
+    d_hi = tl.minimum(D, d_lo + ds)
+    n_chunks = N * tl.cdiv(tl.maximum(d_hi - d_lo, 0), BK)
+    kk = tl.arange(0, BK)
+    c = tl.arange(0, WN)
+    cmask = c < WS
 
-    acc = tl.zeros([BT, MP], tl.float32)
+    acc = tl.zeros([BT, WN], tl.float32)
     sq = tl.zeros([BT, BK], tl.float32)
-    x_rows = x_ptr + t64[:, None] * sxt + ki.to(tl.int64)[None, :] * sxi
-    for d0 in range(0, D, BD):
-        d = d0 + kd
-        dmask = d < D
-        xt = tl.load(x_rows + d[None, :] * sxd, mask=tmask[:, None] & dmask[None, :], other=0.0)
-        w_off = m[None, :] * ND + (ki * D + d)[:, None]
-        w_mask = dmask[:, None] & mmask[None, :]
-        w_hi = tl.load(w_ptr + w_off, mask=w_mask, other=0.0)
-        if X_KIND == 2:
-            w_lo = w_hi
-        else:
-            w_lo = tl.load(wlo_ptr + w_off, mask=w_mask, other=0.0)
-        acc = dot_xw(xt, w_hi, w_lo, acc, X_KIND)
+    x_rows = x_ptr + t64[:, None] * sxt
+    for j in range(n_chunks):
+        i = j % N
+        d = d_lo + (j // N) * BK + kk
+        dmask = d < d_hi
+        xt = tl.load(x_rows + i * sxi + d[None, :] * sxd, mask=tmask[:, None] & dmask[None, :], other=0.0)
+        w = tl.load(w_ptr + (i * D + d)[:, None] * WS + c[None, :], mask=dmask[:, None] & cmask[None, :], other=0.0)
+        acc = _dot_cat(xt, w, acc, X_KIND)
         xf = xt.to(tl.float32)
         sq += xf * xf
-    inv = 1.0 / tl.sqrt(tl.sum(sq, 1) / ND + norm_eps)
-    tl.store(inv_ptr + t64, inv, mask=tmask)
-    tl.store(z_ptr + t64[:, None] * M + m[None, :], acc * inv[:, None], mask=tmask[:, None] & mmask[None, :])
-    tl.debug_barrier()
+    row = t64 * tl.num_programs(1) + s
+    tl.store(part_ptr + row[:, None] * WS + c[None, :], acc, mask=tmask[:, None] & cmask[None, :])
+    tl.store(sq_ptr + row, tl.sum(sq, 1), mask=tmask)
 
-    j = tl.arange(0, N)
-    zrow = z_ptr + t64 * M
-    zpost = tl.load(zrow[:, None] + N + j[None, :], mask=tmask[:, None], other=0.0)
-    ij = j[:, None] * N + j[None, :]
-    zres = tl.load(zrow[:, None, None] + 2 * N + ij[None, :, :], mask=tmask[:, None, None], other=0.0)
-    a0 = tl.load(alpha_ptr)
-    a1 = tl.load(alpha_ptr + 1)
-    a2 = tl.load(alpha_ptr + 2)
-    h_post = post_mult * tl.sigmoid(a1 * zpost + tl.load(bias_ptr + N + j)[None, :])
-    tl.store(h_post_ptr + t64[:, None] * N + j[None, :], h_post, mask=tmask[:, None])
-    h_res = sinkhorn(a2 * zres + tl.load(bias_ptr + 2 * N + ij)[None, :, :], ITERS, sk_eps)
-    tl.store(h_res_ptr + t64[:, None, None] * (N * N) + ij[None, :, :], h_res, mask=tmask[:, None, None])
 
-    dd = tl.arange(0, BH)
-    n_chunks = tl.cdiv(D, BH)
-    for c in range(n_chunks):
-        d = (n_chunks - 1 - c) * BH + dd
-        mask = tmask[:, None] & (d < D)[None, :]
-        h_in = tl.zeros([BT, BH], tl.float32)
-        for i in tl.static_range(N):
-            zi = tl.load(zrow + i, mask=tmask, other=0.0)
-            h_pre_i = tl.sigmoid(a0 * zi + tl.load(bias_ptr + i)) + pre_eps
-            xi = tl.load(x_ptr + t64[:, None] * sxt + i * sxi + d[None, :] * sxd, mask=mask, other=0.0)
-            h_in += h_pre_i[:, None] * xi.to(tl.float32)
-        tl.store(h_in_ptr + t64[:, None] * D + d[None, :], h_in.to(h_in_ptr.dtype.element_ty), mask=mask)
+def compile_specs(x_dtype, n: int):
+    """Every shipped forward (kernel, config) for x of ``x_dtype`` and ``n`` streams, as arguments of
+    ``_compile_check.compile_for_sm90`` (see ``_mhc_common.compile_spec``)."""
+    kind = X_KINDS[x_dtype]
+    m = n * n + 2 * n
+    ws = gemm_width(m, kind)
+    wn = pow2_at_least(ws, 16)
+    yield compile_spec(mhc_pre_fwd_weights_kernel, "fwd_weights", x_dtype, n,
+                       dict(HAS_GAMMA=True, SPLIT=kind != 2, M=m, WS=ws, WN=wn, BK=FWD_WEIGHTS_BK))
+    for c in gemm_configs(kind, n):
+        yield compile_spec(mhc_pre_fwd_gemm_kernel, "fwd_gemm", x_dtype, n, dict(X_KIND=kind, N=n, WS=ws, WN=wn), c)
+    yield compile_spec(mhc_pre_fwd_mix_kernel, "fwd_mix", x_dtype, n,
+                       dict(SPLIT=kind != 2, N=n, M=m, WS=ws, BT=MIX_BT), num_warps=MIX_WARPS)
+    for c in APPLY_CONFIGS:
+        yield compile_spec(mhc_pre_fwd_apply_kernel, "fwd_apply", x_dtype, n, dict(N=n), c)

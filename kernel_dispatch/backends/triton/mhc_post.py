@@ -3,8 +3,10 @@
 Same functions, signatures and outputs as ``kernel_dispatch/golden/mhc_post.py``: f [T, D] and
 x [T, n, D] in fp16/bf16/fp32 with any strides, h_post [T, n] and h_res [T, n, n] ([in, out]).
 fp32 math; out and dx in x's dtype, df in f's dtype, dh_post and dh_res in their inputs' dtypes.
-The backward gives each program whole tokens (all of D), so dh_post and dh_res need no
-cross-program reduction.
+Both kernels stream every byte once (forward 18 D bytes per token at bf16, backward 28 D). The
+forward gives each program one token's block of columns; the backward gives each program a
+whole token (all of D), so dh_post and dh_res need no cross-program reduction, and each thread
+sums its own columns' products in registers until one block reduction at the end.
 """
 from __future__ import annotations
 
@@ -15,86 +17,88 @@ import triton.language as tl
 from ._mhc_common import autotune, check_streams, compile_spec, f32, narrow_strides
 from ._mhc_common import empty as _empty
 
+# BC: 16-byte vectors of D per program and chunk (BC * VEC elements); >= 32 * num_warps, so every
+# thread owns whole vectors of all n streams and the stream sums stay inside the thread.
 FWD_CONFIGS = [
-    triton.Config({"BT": 1, "BD": 1024}, num_warps=4),
-    triton.Config({"BT": 2, "BD": 512}, num_warps=4),
-    triton.Config({"BT": 4, "BD": 256}, num_warps=4),
-    triton.Config({"BT": 2, "BD": 1024}, num_warps=8),
-    triton.Config({"BT": 4, "BD": 512}, num_warps=8),
-    triton.Config({"BT": 8, "BD": 256}, num_warps=8),
+    triton.Config({"BC": 64}, num_warps=2),
+    triton.Config({"BC": 128}, num_warps=4),
+    triton.Config({"BC": 256}, num_warps=4),
+    triton.Config({"BC": 256}, num_warps=8),
+    triton.Config({"BC": 512}, num_warps=8),
 ]
-FWD_INTERPRET_CONFIG = triton.Config({"BT": 4, "BD": 64}, num_warps=4)
+FWD_INTERPRET_CONFIG = triton.Config({"BC": 4}, num_warps=4)
 
 BWD_CONFIGS = [
-    triton.Config({"BT": 1, "BD": 512}, num_warps=4),
-    triton.Config({"BT": 2, "BD": 256}, num_warps=4),
-    triton.Config({"BT": 4, "BD": 128}, num_warps=4),
-    triton.Config({"BT": 2, "BD": 512}, num_warps=8),
-    triton.Config({"BT": 4, "BD": 256}, num_warps=8),
-    triton.Config({"BT": 8, "BD": 128}, num_warps=8),
+    triton.Config({"BC": 64}, num_warps=2),
+    triton.Config({"BC": 128}, num_warps=2),
+    triton.Config({"BC": 128}, num_warps=4),
+    triton.Config({"BC": 256}, num_warps=4),
+    triton.Config({"BC": 256}, num_warps=8),
 ]
-BWD_INTERPRET_CONFIG = triton.Config({"BT": 4, "BD": 64}, num_warps=4)
+BWD_INTERPRET_CONFIG = triton.Config({"BC": 4}, num_warps=4)
+
+
+def _vec(dtype: torch.dtype) -> int:
+    """Elements of ``dtype`` in one 16-byte vector."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
 
 
 @autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["N", "D"])
 @triton.jit
 def mhc_post_fwd_kernel(f_ptr, x_ptr, hp_ptr, hr_ptr, out_ptr, T, D, sft, sfd, sxt, sxi, sxd,
-                        N: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Grid (token blocks, column blocks); h_post [T, N], h_res [T, N, N] fp32 contiguous; out [T, N, D].
+                        N: tl.constexpr, VEC: tl.constexpr, BC: tl.constexpr):
+    """Grid (T * column blocks,): one token's BC * VEC columns; out [T, N, D] contiguous.
 
-    Every tile is [BT, BD] in one layout; the N*N re-reads of the x tiles hit L1.
+    h_post [T, N], h_res [T, N, N] fp32 contiguous ([in, out]).
     """
-    t = tl.program_id(0) * BT + tl.arange(0, BT)
-    d = tl.program_id(1) * BD + tl.arange(0, BD)
-    tmask = t < T
-    t64 = t.to(tl.int64)
-    mask = tmask[:, None] & (d < D)[None, :]
-    fv = tl.load(f_ptr + t64[:, None] * sft + d[None, :] * sfd, mask=mask, other=0.0).to(tl.float32)
-    for o in tl.static_range(N):
-        out = tl.load(hp_ptr + t64 * N + o, mask=tmask, other=0.0)[:, None] * fv
-        for i in tl.static_range(N):
-            xi = tl.load(x_ptr + t64[:, None] * sxt + i * sxi + d[None, :] * sxd, mask=mask, other=0.0)
-            out += tl.load(hr_ptr + t64 * (N * N) + i * N + o, mask=tmask, other=0.0)[:, None] * xi.to(tl.float32)
-        tl.store(out_ptr + t64[:, None] * (N * D) + o * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    nb = tl.cdiv(D, BC * VEC)
+    pid = tl.program_id(0)
+    t = (pid // nb).to(tl.int64)
+    si = tl.arange(0, N)[:, None, None]
+    so = tl.arange(0, N)[None, :, None]
+    d = (pid % nb) * (BC * VEC) + tl.arange(0, BC * VEC)[None, None, :]
+    m = d < D
+    fv = tl.load(f_ptr + t * sft + d * sfd, mask=m, other=0.0).to(tl.float32)
+    xv = tl.load(x_ptr + t * sxt + si * sxi + d * sxd, mask=m, other=0.0).to(tl.float32)
+    hp = tl.load(hp_ptr + t * N + tl.arange(0, N))[None, :, None]
+    hr = tl.load(hr_ptr + t * (N * N) + tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :])[:, :, None]
+    out = hp * fv + tl.sum(hr * xv, 0, keep_dims=True)
+    tl.store(out_ptr + t * (N * D) + so * D + d, out.to(out_ptr.dtype.element_ty), mask=m)
 
 
 @autotune(BWD_CONFIGS, BWD_INTERPRET_CONFIG, key=["N", "D"])
 @triton.jit
 def mhc_post_bwd_kernel(g_ptr, f_ptr, x_ptr, hp_ptr, hr_ptr, df_ptr, dx_ptr, dhp_ptr, dhr_ptr, T, D,
                         sgt, sgo, sgd, sft, sfd, sxt, sxi, sxd,
-                        N: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Grid (token blocks); g [T, N, D] strided. Writes df [T, D], dx [T, N, D], dh_post [T, N], dh_res [T, N, N].
+                        N: tl.constexpr, VEC: tl.constexpr, BC: tl.constexpr):
+    """Grid (T,): one token, all of D in chunks of BC * VEC. g [T, N, D] strided.
 
-    Every tile is [BT, BD] in one layout; the N*N re-reads of the g tiles hit L1.
+    Writes df [T, D], dx [T, N, D], dh_post [T, N], dh_res [T, N, N] (contiguous). Each thread
+    keeps the N + N * N products f * g_o and x_i * g_o summed over its own columns; one
+    fixed-order reduction over the threads at the end makes dh_post and dh_res deterministic.
     """
-    t = tl.program_id(0) * BT + tl.arange(0, BT)
-    tmask = t < T
-    t64 = t.to(tl.int64)
-    dd = tl.arange(0, BD)
-    col_p = tl.arange(0, N)
-    col_r = tl.arange(0, N * N)
-    dhp = tl.zeros([BT, N], tl.float32)
-    dhr = tl.zeros([BT, N * N], tl.float32)
-    for d0 in range(0, D, BD):
-        d = d0 + dd
-        mask = tmask[:, None] & (d < D)[None, :]
-        fv = tl.load(f_ptr + t64[:, None] * sft + d[None, :] * sfd, mask=mask, other=0.0).to(tl.float32)
-        df = tl.zeros([BT, BD], tl.float32)
-        for i in tl.static_range(N):
-            xi = tl.load(x_ptr + t64[:, None] * sxt + i * sxi + d[None, :] * sxd, mask=mask, other=0.0).to(tl.float32)
-            dxi = tl.zeros([BT, BD], tl.float32)
-            for o in tl.static_range(N):
-                go = tl.load(g_ptr + t64[:, None] * sgt + o * sgo + d[None, :] * sgd, mask=mask, other=0.0)
-                go = go.to(tl.float32)
-                dxi += tl.load(hr_ptr + t64 * (N * N) + i * N + o, mask=tmask, other=0.0)[:, None] * go
-                dhr += tl.where(col_r[None, :] == i * N + o, tl.sum(xi * go, 1)[:, None], 0.0)
-                if i == 0:
-                    df += tl.load(hp_ptr + t64 * N + o, mask=tmask, other=0.0)[:, None] * go
-                    dhp += tl.where(col_p[None, :] == o, tl.sum(fv * go, 1)[:, None], 0.0)
-            tl.store(dx_ptr + t64[:, None] * (N * D) + i * D + d[None, :], dxi.to(dx_ptr.dtype.element_ty), mask=mask)
-        tl.store(df_ptr + t64[:, None] * D + d[None, :], df.to(df_ptr.dtype.element_ty), mask=mask)
-    tl.store(dhp_ptr + t64[:, None] * N + col_p[None, :], dhp, mask=tmask[:, None])
-    tl.store(dhr_ptr + t64[:, None] * (N * N) + col_r[None, :], dhr, mask=tmask[:, None])
+    t = tl.program_id(0).to(tl.int64)
+    si = tl.arange(0, N)[:, None, None]
+    so = tl.arange(0, N)[None, :, None]
+    cols = tl.arange(0, BC * VEC)[None, None, :]
+    hp = tl.load(hp_ptr + t * N + tl.arange(0, N))[None, :, None]
+    hr = tl.load(hr_ptr + t * (N * N) + tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :])[:, :, None]
+    acc_p = tl.zeros([1, N, BC], tl.float32)
+    acc_r = tl.zeros([N, N, BC], tl.float32)
+    for d0 in range(0, D, BC * VEC):
+        d = d0 + cols
+        m = d < D
+        gv = tl.load(g_ptr + t * sgt + so * sgo + d * sgd, mask=m, other=0.0).to(tl.float32)
+        xv = tl.load(x_ptr + t * sxt + si * sxi + d * sxd, mask=m, other=0.0).to(tl.float32)
+        fv = tl.load(f_ptr + t * sft + d * sfd, mask=m, other=0.0).to(tl.float32)
+        df = tl.sum(hp * gv, 1, keep_dims=True)
+        tl.store(df_ptr + t * D + d, df.to(df_ptr.dtype.element_ty), mask=m)
+        dx = tl.sum(hr * gv, 1, keep_dims=True)
+        tl.store(dx_ptr + t * (N * D) + si * D + d, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        acc_p += tl.sum(tl.reshape(fv * gv, [1, N, BC, VEC]), 3)
+        acc_r += tl.sum(tl.reshape(xv * gv, [N, N, BC, VEC]), 3)
+    tl.store(dhp_ptr + t * N + so, tl.sum(acc_p, 2, keep_dims=True))
+    tl.store(dhr_ptr + t * (N * N) + si * N + so, tl.sum(acc_r, 2, keep_dims=True))
 
 
 def _check(f, x, h_post, h_res) -> tuple[int, int, int]:
@@ -112,8 +116,8 @@ def forward(f, x, h_post, h_res):
     T, n, D = _check(f, x, h_post, h_res)
     f, x = narrow_strides(f), narrow_strides(x)
     out = _empty(T, n, D, dtype=x.dtype, device=x.device)
-    mhc_post_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BT"]), triton.cdiv(D, meta["BD"]))](
-        f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n)
+    mhc_post_fwd_kernel[lambda meta: (T * triton.cdiv(D, meta["BC"] * meta["VEC"]),)](
+        f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype))
     return out
 
 
@@ -128,8 +132,8 @@ def backward(g, f, x, h_post, h_res):
     dx = _empty(T, n, D, dtype=x.dtype, device=dev)
     dh_post = _empty(T, n, dtype=f32t, device=dev)
     dh_res = _empty(T, n, n, dtype=f32t, device=dev)
-    mhc_post_bwd_kernel[lambda meta: (triton.cdiv(T, meta["BT"]),)](
-        g, f, x, f32(h_post), f32(h_res), df, dx, dh_post, dh_res, T, D, *g.stride(), *f.stride(), *x.stride(), N=n)
+    mhc_post_bwd_kernel[(T,)](g, f, x, f32(h_post), f32(h_res), df, dx, dh_post, dh_res, T, D,
+                              *g.stride(), *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype))
     return df, dx, dh_post.to(h_post.dtype), dh_res.to(h_res.dtype)
 
 
@@ -139,6 +143,6 @@ def sm90_compile_specs(dtypes=(torch.bfloat16,), ns=(4,)):
     for dt in dtypes:
         for n in ns:
             for c in FWD_CONFIGS:
-                yield compile_spec(mhc_post_fwd_kernel, "post_fwd", dt, n, dict(N=n), c)
+                yield compile_spec(mhc_post_fwd_kernel, "post_fwd", dt, n, dict(N=n, VEC=_vec(dt)), c)
             for c in BWD_CONFIGS:
-                yield compile_spec(mhc_post_bwd_kernel, "post_bwd", dt, n, dict(N=n), c)
+                yield compile_spec(mhc_post_bwd_kernel, "post_bwd", dt, n, dict(N=n, VEC=_vec(dt)), c)

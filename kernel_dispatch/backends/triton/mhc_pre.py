@@ -15,9 +15,13 @@ import triton
 
 from ._mhc_common import INTERPRET, X_KINDS, check_streams, compile_spec, f32, narrow_strides, pow2_at_least
 from ._mhc_common import empty as _empty
-from ._mhc_pre_bwd import (BT_TOKEN, GRAD_INTERPRET_CONFIG, GRAD_SPLIT_ALIGN, PARAM_BC, PARAM_WARPS, TOKEN_CONFIGS,
-                           grad_configs, mhc_pre_bwd_grad_kernel, mhc_pre_bwd_param_kernel, mhc_pre_bwd_token_kernel)
-from ._mhc_pre_fwd import WEIGHTS_BLOCK, configs, mhc_pre_fwd_kernel, mhc_pre_weights_kernel
+from ._mhc_pre_bwd import (BT_TOKEN, GRAD_INTERPRET_CONFIG, GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN, PARAM_BC, PARAM_WARPS,
+                           TOKEN_CONFIGS, grad_configs, mhc_pre_bwd_grad_kernel, mhc_pre_bwd_param_kernel,
+                           mhc_pre_bwd_token_kernel)
+from ._mhc_pre_fwd import (FWD_WEIGHTS_BK, GEMM_REF_BT, WEIGHTS_BLOCK, gemm_width, mhc_pre_fwd_gemm_kernel,
+                           mhc_pre_fwd_weights_kernel, mhc_pre_weights_kernel)
+from ._mhc_pre_fwd import compile_specs as fwd_compile_specs
+from ._mhc_pre_fwd_apply import MIX_BT, MIX_WARPS, mhc_pre_fwd_apply_kernel, mhc_pre_fwd_mix_kernel
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple) -> None:
@@ -49,40 +53,72 @@ def _weights(phi: torch.Tensor, gamma: torch.Tensor | None, x_kind: int) -> tupl
 
 
 def _grad_splits(T: int, n: int, D: int, device: torch.device) -> tuple[int, int]:
-    """(S, tokens per split) of the grad kernel: about 4 programs per SM at 256 columns a chunk."""
+    """(S, tokens per split) of the grad kernel: the S in 1..8 whose last wave of programs (chunks of
+    GRAD_REF_COLUMNS columns, about 2 resident per SM) is fullest, fewest splits on a tie."""
     sms = 4 if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
     align = GRAD_INTERPRET_CONFIG.kwargs["BT"] if INTERPRET else GRAD_SPLIT_ALIGN
-    chunks = triton.cdiv(n * D, 256)
-    s = max(1, min(round(4 * sms / chunks), triton.cdiv(T, align)))
+    chunks, slots = triton.cdiv(n * D, GRAD_REF_COLUMNS), 2 * sms
+    best = max(range(1, 9), key=lambda s: (chunks * s / (triton.cdiv(chunks * s, slots) * slots), -s))
+    s = max(1, min(best, triton.cdiv(T, align)))
     tps = triton.cdiv(triton.cdiv(T, s), align) * align
     return triton.cdiv(T, tps), tps
 
 
+def _fwd_splits(T: int, D: int, device) -> int:
+    """S, the K splits of the forward GEMM: about 2 programs per SM at GEMM_REF_BT tokens a block, at most 8,
+    each split at least 128 features of every stream."""
+    sms = 4 if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(round(2 * sms / triton.cdiv(T, GEMM_REF_BT)), D // 128, 8))
+
+
 def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, norm_eps: float,
             pre_eps: float, sinkhorn_eps: float):
-    """(h_in [T, D] x.dtype, h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]) for x [T, n, D]; fp32."""
+    """(h_in [T, D] x.dtype, h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]) for x [T, n, D]; fp32.
+
+    Four launches (see _mhc_pre_fwd): Wt = phi * gamma transposed, the split-K GEMM (x read once),
+    the per-token mix (fixed-order sum of the splits), the streaming apply (x read again).
+    """
     T, n, D, M, phi, alpha, bias, gamma = _prepare(x, phi, alpha, bias, gamma)
     x = narrow_strides(x)
     dev, f = x.device, torch.float32
-    h_in = _empty(T, D, dtype=x.dtype, device=dev)
+    kind = X_KINDS[x.dtype]
+    ws = gemm_width(M, kind)
+    wn = pow2_at_least(ws, 16)
+    wt = _empty(n * D, ws, dtype=torch.float32 if kind == 2 else torch.bfloat16, device=dev)
+    mhc_pre_fwd_weights_kernel[(triton.cdiv(n * D, FWD_WEIGHTS_BK),)](
+        phi, phi if gamma is None else gamma, wt, n * D, HAS_GAMMA=gamma is not None, SPLIT=kind != 2, M=M, WS=ws,
+        WN=wn, BK=FWD_WEIGHTS_BK)
+
+    splits = _fwd_splits(T, D, dev)
+    part = _empty(T, splits, ws, dtype=f, device=dev)
+    sq = _empty(T, splits, dtype=f, device=dev)
+    mhc_pre_fwd_gemm_kernel[lambda meta: (triton.cdiv(T, meta["BT"]), splits)](
+        x, wt, part, sq, T, D, *x.stride(), X_KIND=kind, N=n, WS=ws, WN=wn)
+
+    h_pre = _empty(T, n, dtype=f, device=dev)
     h_post = _empty(T, n, dtype=f, device=dev)
     h_res = _empty(T, n, n, dtype=f, device=dev)
     z = _empty(T, M, dtype=f, device=dev)
     inv_rms = _empty(T, dtype=f, device=dev)
-    w, w_lo = _weights(phi, gamma, X_KINDS[x.dtype])
-    mhc_pre_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BT"]),)](
-        x, w, w_lo, alpha, bias, h_in, h_post, h_res, z, inv_rms,
-        T, D, *x.stride(), int(sinkhorn_iters), float(post_mult), float(norm_eps), float(pre_eps),
-        float(sinkhorn_eps), X_KIND=X_KINDS[x.dtype], N=n, M=M, MP=pow2_at_least(M, 16))
+    mhc_pre_fwd_mix_kernel[(triton.cdiv(T, MIX_BT),)](
+        part, sq, alpha, bias, z, inv_rms, h_pre, h_post, h_res, T, splits, n * D, int(sinkhorn_iters),
+        float(post_mult), float(norm_eps), float(pre_eps), float(sinkhorn_eps), SPLIT=kind != 2, N=n, M=M, WS=ws,
+        BT=MIX_BT, num_warps=MIX_WARPS)
+
+    h_in = _empty(T, D, dtype=x.dtype, device=dev)
+    mhc_pre_fwd_apply_kernel[lambda meta: (triton.cdiv(T, meta["BT"]) * triton.cdiv(D, meta["BH"]),)](
+        x, h_pre, h_in, T, D, *x.stride(), N=n)
     return h_in, h_post, h_res, z, inv_rms
 
 
 def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters: int,
-             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float):
+             post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float, dx_acc=None):
     """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None), contiguous.
 
     dh_in [T, D] (any dtype and strides), dh_post [T, n], dh_res [T, n, n]; z [T, M] and inv_rms [T]
-    from :func:`forward`. Parameter gradients come back in the dtypes of phi, alpha, bias, gamma.
+    from :func:`forward`. ``dx_acc``: None, or [T, n, D] in x's dtype with any strides, a gradient of
+    x from elsewhere, added to dx in fp32 inside the grad kernel before dx's one rounding.
+    Parameter gradients come back in the dtypes of phi, alpha, bias, gamma.
     """
     T, n, D, M, phi32, alpha32, bias32, gamma32 = _prepare(x, phi, alpha, bias, gamma)
     _check("dh_in", dh_in, (T, D))
@@ -90,30 +126,37 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     _check("dh_res", dh_res, (T, n, n))
     _check("z", z, (T, M))
     _check("inv_rms", inv_rms, (T,))
+    if dx_acc is not None:
+        _check("dx_acc", dx_acc, (T, n, D))
+        if dx_acc.dtype != x.dtype or dx_acc.device != x.device:
+            raise TypeError(f"dx_acc: expected {x.dtype} on {x.device} (x's), got {dx_acc.dtype} on {dx_acc.device}")
+        dx_acc = narrow_strides(dx_acc)
     x, dh_in = narrow_strides(x), narrow_strides(dh_in)
     iters = int(sinkhorn_iters)
     dev, f = x.device, torch.float32
     has_gamma = gamma is not None
+    kind = X_KINDS[x.dtype]
+    mp = pow2_at_least(M, 16)
 
     blocks = triton.cdiv(T, BT_TOKEN)
-    dlog = _empty(T, M, dtype=f, device=dev)
+    gq = _empty(T, mp, dtype=f, device=dev) if kind == 2 else _empty(T, 2 * mp, dtype=torch.bfloat16, device=dev)
     coef = _empty(T, dtype=f, device=dev)
     h_pre = _empty(T, n, dtype=f, device=dev)
     block_sums = _empty(blocks, M + 3, dtype=f, device=dev)
     scratch = _empty(blocks * (2 * iters - 1) * BT_TOKEN * n * n, dtype=f, device=dev)
     mhc_pre_bwd_token_kernel[(blocks,)](
-        x, dh_in, f32(dh_post), f32(dh_res), f32(z), f32(inv_rms), alpha32, bias32, dlog, coef, h_pre, block_sums,
+        x, dh_in, f32(dh_post), f32(dh_res), f32(z), f32(inv_rms), alpha32, bias32, gq, coef, h_pre, block_sums,
         scratch, T, D, *x.stride(), *dh_in.stride(), iters, float(post_mult), float(pre_eps), float(sinkhorn_eps),
-        N=n, M=M, BT=BT_TOKEN)
+        X_KIND=kind, N=n, M=M, MP=mp, BT=BT_TOKEN)
 
     splits, tps = _grad_splits(T, n, D, dev)
-    mp = pow2_at_least(M, 16)
     dx = _empty(T, n, D, dtype=x.dtype, device=dev)
     partial = _empty(splits, M, n * D, dtype=f, device=dev)
-    w, w_lo = _weights(phi32, gamma32, X_KINDS[x.dtype])
+    w, w_lo = _weights(phi32, gamma32, kind)
+    acc = dx if dx_acc is None else dx_acc
     mhc_pre_bwd_grad_kernel[lambda meta: (triton.cdiv(D, meta["BK"] // n), splits)](
-        x, dh_in, w, w_lo, alpha32, dlog, f32(inv_rms), coef, h_pre, dx, partial, T, D, tps,
-        *x.stride(), *dh_in.stride(), X_KIND=X_KINDS[x.dtype], N=n, M=M, MP=mp)
+        x, dh_in, w, w_lo, gq, coef, h_pre, acc, dx, partial, T, D, tps,
+        *x.stride(), *dh_in.stride(), *acc.stride(), X_KIND=kind, HAS_ACC=dx_acc is not None, N=n, M=M, MP=mp)
 
     dphi = _empty(M, n * D, dtype=f, device=dev)
     dgamma = _empty(n * D, dtype=f, device=dev) if has_gamma else dphi
@@ -137,11 +180,18 @@ def sm90_compile_specs(dtypes=(torch.bfloat16,), ns=(4,)):
             mp = pow2_at_least(m, 16)
             yield compile_spec(mhc_pre_weights_kernel, "weights", dt, n,
                                dict(HAS_GAMMA=True, SPLIT=kind != 2, BLOCK=WEIGHTS_BLOCK))
-            for c in configs(kind, n):
-                yield compile_spec(mhc_pre_fwd_kernel, "fwd", dt, n, dict(X_KIND=kind, N=n, M=m, MP=mp), c)
+            yield from fwd_compile_specs(dt, n)
+            gq_type = "*fp32" if kind == 2 else "*bf16"
             for c in TOKEN_CONFIGS:
-                yield compile_spec(mhc_pre_bwd_token_kernel, "token", dt, n, dict(N=n, M=m, BT=BT_TOKEN), c)
-            for c in grad_configs(kind, n):
-                yield compile_spec(mhc_pre_bwd_grad_kernel, "grad", dt, n, dict(X_KIND=kind, N=n, M=m, MP=mp), c)
+                spec = compile_spec(mhc_pre_bwd_token_kernel, "token", dt, n,
+                                    dict(X_KIND=kind, N=n, M=m, MP=mp, BT=BT_TOKEN), c)
+                spec["signature"]["gq_ptr"] = gq_type
+                yield spec
+            for has_acc in (False, True):
+                for c in grad_configs(kind, n):
+                    spec = compile_spec(mhc_pre_bwd_grad_kernel, "grad-acc" if has_acc else "grad", dt, n,
+                                        dict(X_KIND=kind, HAS_ACC=has_acc, N=n, M=m, MP=mp), c)
+                    spec["signature"].update(gq_ptr=gq_type, acc_ptr=spec["signature"]["x_ptr"])
+                    yield spec
             yield compile_spec(mhc_pre_bwd_param_kernel, "param", dt, n, dict(HAS_GAMMA=True, M=m, MP=mp, BC=PARAM_BC),
                                num_warps=PARAM_WARPS)
