@@ -54,6 +54,8 @@ ATTN_CASES = [
     AttnCase("head_dim64", D=64, L=70, H=2, Hkv=2),
     AttnCase("tau_positive", tau=(0.3, 0.05, 1.0), L=24),
     AttnCase("tau_below_minus1", tau=(-1.5, -3.0, -1.2), L=24),
+    # tau = -1 exactly (the usual initial value): rows with one visible key sit on the relu kink
+    AttnCase("tau_minus1_one_key_rows", B=3, H=2, Hkv=1, L=24, D=64, tau=(-1.0, -1.0), lengths=(24, 1, 9)),
     AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, big=True),
     AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), big=True),
 ]

@@ -78,3 +78,21 @@ def test_matches_golden_float64(op, backend, case, dtype, direction):
 
 
 _FORWARD = {"lazy_attention": {"o"}, "mhc_pre": {"h_in", "h_post", "h_res"}, "mhc_post": {"out"}}
+
+
+ONE_KEY_CASE = next(c for c in CASES["lazy_attention"] if c.name == "tau_minus1_one_key_rows")
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_one_key_rows_at_tau_minus1_are_exactly_zero(backend, dtype):
+    """tau = -1 exactly: a row with one visible key has P = 1 and A = relu(1 - 1) = 0, so its output
+    row is exactly zero (SPEC: with tau <= -1 the first causal row is all zero); an ulp of rounding in
+    the recomputed P must not leak through the relu (nor into dtau, checked by the matrix)."""
+    case = ONE_KEY_CASE
+    reasons = registry.why_not("lazy_attention", backend, _meta("lazy_attention", case, dtype))
+    if reasons:
+        pytest.skip(f"{backend}: " + "; ".join(reasons))
+    o = _result("lazy_attention", backend, case, dtype)["o"]
+    assert (o[:, :, 0] == 0).all(), "o: the first causal row is not exactly zero at tau = -1"
+    assert (o[1] == 0).all(), "o: batch 1 (lengths = 1: row 0 has one key, the rest is padding) is not zero"

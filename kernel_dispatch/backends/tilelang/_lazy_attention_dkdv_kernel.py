@@ -24,7 +24,7 @@ are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LOG2E, is_free_tile, score_macro
+from ._lazy_attention_tiles import LOG2E, is_free_tile, one_key_probs_macro, score_macro
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,6 +43,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
     f32 = "float32"
     B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ")
     scores = score_macro(BN, BM, causal, transposed=True, mask_rows=True)
+    one_key_probs = one_key_probs_macro(BN, BM, causal)
 
     @T.prim_func
     def lazy_attention_bwd_dkdv(
@@ -123,6 +124,8 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                 tau = Tau[hv]
                 for i, j in T.Parallel(BN, BM):
                     pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked
+                one_key_probs(sT, pT, m0v, n0, lb)
+                for i, j in T.Parallel(BN, BM):
                     # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
                     keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
                     aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))

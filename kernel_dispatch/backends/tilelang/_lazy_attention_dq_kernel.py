@@ -12,7 +12,7 @@ B, H, Hkv, L, LP, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LOG2E, is_free_tile, score_macro
+from ._lazy_attention_tiles import LOG2E, is_free_tile, one_key_rows_macro, score_macro
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,6 +26,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
     f32 = "float32"
     B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
+    one_key_rows = one_key_rows_macro(BM, BN, causal)
 
     @T.prim_func
     def lazy_attention_bwd_dq(
@@ -53,6 +54,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             lse2 = T.alloc_fragment([BM], f32)
             thr = T.alloc_fragment([BM], f32)
             delta = T.alloc_fragment([BM], f32)
+            tmp = T.alloc_fragment([BM], f32)
 
             # block index slowest in the grid; causal: reversed, so the longest rows of every head start first
             mb = (T.ceildiv(L, BM) - 1 - bx) if causal else bx
@@ -78,6 +80,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, True))
+                one_key_rows(s, lse2, m0, k * BN, lb, tmp)
                 for i, j in T.Parallel(BM, BN):
                     ds_cast[i, j] = T.exp2(s[i, j] - lse2[i]) * (
                         T.if_then_else(T.And(s[i, j] > -T.infinity(f32), T.exp2(s[i, j] - lse2[i]) + thr[i] > 0),

@@ -67,3 +67,50 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
                 b = T.if_then_else(dist < W, Bias[h, T.max(T.min(dist, W - 1), 0)], T.float32(0))
                 s[i, j] = T.if_then_else(ok, s[i, j] * sc2 + b * LOG2E, NEG_INF)
     return scores
+
+
+def one_key_rows_macro(R: int, C: int, causal: bool):
+    """A macro ``fix(s, lse2, m0, n0, lb, tmp)``: exact P = 1 on rows with a single visible key.
+
+    Such a row (i = 1: causal row 0, or lengths[b] == 1) has P = 1 exactly, but its recomputed score
+    and the LSE reloaded from natural log can differ by an ulp; at tau = -1 (the usual initial value)
+    the row sits on the relu kink P + tau/i = 0, where P one ulp above 1 passes the strict > test (a
+    nonzero first row of O, a spurious dtau term). On the first key block of a block holding such a
+    row, the macro sets that row's log2-domain ``lse2`` to the row's score itself (its tile maximum),
+    so exp2(s - lse2) is exactly 1; every other tile runs unchanged. ``s`` is the masked score
+    fragment [R queries, C keys]; ``lse2`` and ``tmp`` are [R] fragments; rows without a visible
+    key keep their ``lse2``. (:func:`one_key_probs_macro` is the transposed kernels' form.)
+    """
+    import tilelang.language as T
+
+    @T.macro
+    def fix(s, lse2, m0, n0, lb, tmp):
+        if T.And(n0 == 0, _holds_one_key_row(m0, lb, causal)):
+            T.reduce_max(s, tmp, dim=1)
+            for i in T.Parallel(R):
+                one = T.Or(m0 + i == 0, lb == 1) if causal else (lb == 1)
+                lse2[i] = T.if_then_else(T.And(one, tmp[i] > -T.infinity("float32")), tmp[i], lse2[i])
+    return fix
+
+
+def one_key_probs_macro(R: int, C: int, causal: bool):
+    """A macro ``fix(sT, pT, m0, n0, lb)`` for transposed tiles (sT, pT [R keys, C queries]): after
+    pT = exp2(sT - LSE2), set P = 1 exactly for the queries that see a single key (see
+    :func:`one_key_rows_macro`; a column maximum does not lower on the wgmma layout, so the one tile
+    per (b, h) that can hold such a query gets a second elementwise pass; every other tile skips it)."""
+    import tilelang.language as T
+
+    @T.macro
+    def fix(sT, pT, m0, n0, lb):
+        if T.And(n0 == 0, _holds_one_key_row(m0, lb, causal)):
+            for i, j in T.Parallel(R, C):
+                one = T.Or(m0 + j == 0, lb == 1) if causal else (lb == 1)
+                pT[i, j] = T.if_then_else(T.And(one, sT[i, j] > -T.infinity("float32")), T.float32(1), pT[i, j])
+    return fix
+
+
+def _holds_one_key_row(m0, lb, causal: bool):
+    """Whether query block m0 may hold a row with one visible key (its first key block is key 0)."""
+    import tilelang.language as T
+
+    return T.Or(m0 == 0, lb == 1) if causal else (lb == 1)

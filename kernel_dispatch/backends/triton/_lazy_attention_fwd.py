@@ -49,9 +49,10 @@ def _valid(m_idx, n_idx, kv_len, CAUSAL: tl.constexpr):
 def _one_key_rows(p, m_idx, n_idx, kv_len, CAUSAL: tl.constexpr):
     """P = 1 exactly on rows with a single visible key (causal row 0, or lengths[b] == 1).
 
-    The backward recomputes P from the stored natural-log LSE, which rounds; at tau = -1 (the
-    usual initial value) such a row sits exactly on the relu kink P + tau/i = 0, and a P one ulp
-    above 1 would wrongly pass the strict > test and feed dtau.
+    P is recomputed from a rounded LSE (the forward's second sweep and the backward, which reads
+    the stored natural-log LSE); at tau = -1 (the usual initial value) such a row sits exactly on
+    the relu kink P + tau/i = 0, and a P one ulp above 1 would wrongly pass the strict > test:
+    a nonzero first row in O and a spurious dtau term.
     """
     if CAUSAL:
         one = (m_idx == 0) | (kv_len == 1)
@@ -121,7 +122,10 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
             v = v.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
-        a = tl.maximum(tl.math.exp2(s - lse2[:, None]) + taui[:, None], 0.0)
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASK:
+            p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
+        a = tl.maximum(p + taui[:, None], 0.0)
         if MASK:  # tau > 0 would otherwise leak onto masked keys
             a = tl.where(_valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL), a, 0.0)
         acc = tl.dot(a.to(v.dtype), v, acc, input_precision=PREC)
