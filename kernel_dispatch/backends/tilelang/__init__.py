@@ -16,10 +16,14 @@ CAPABILITIES = {
                                    notes="Hopper (sm_90a) kernels, checked on H200; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied"),
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
-                            notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split"),
+                            notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
+                                  "first in auto: faster than Triton fwd+bwd on every benchmarked shape (H200), "
+                                  "its forward alone trails at small T x D (T=4096, D=1280)"),
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
+# Above Triton (20): docs/benchmarks.md shows TileLang faster on every fwd+bwd; two forward-only
+# exceptions are within the notes (mhc_pre) and within 2% (lazy attention, L=32768, D=64).
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
 
