@@ -47,7 +47,10 @@ def render(data: dict, assets: str, images: list[str]) -> str:
               f"Command: `{data.get('command')}`. Regenerate this page from the saved run with "
               f"`python -m kernel_dispatch.bench --from-json docs/{assets}/results.json --docs`.", "",
               "## How to read the numbers", ""]
-    lines += [f"- **{k.replace('_', ' ')}**: {v}." for k, v in data["conventions"].items()]
+    # conventions the run's JSON predates are the code's current wording of what it measured
+    conventions = {**data["conventions"],
+                   **{k: v for k, v in report.CONVENTIONS.items() if k not in data["conventions"]}}
+    lines += [f"- **{k.replace('_', ' ')}**: {v}." for k, v in conventions.items()]
     lines += ["- **golden, triton, tilelang**: kernel_dispatch backends through the public ops (`backend=`); "
               "a row marked *not run* gives the registry's reason (`registry.why_not`) or the harness's."]
     lines += [f"- **{k}** (baseline): {v}." for k, v in BASELINES.items()]

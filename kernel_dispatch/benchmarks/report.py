@@ -25,6 +25,12 @@ CONVENTIONS = {
     "time": "median of the timed runs (CUDA events), L2 flushed before each; +-x% is half the interquartile "
             "range over the median; fwd is the forward of a training step (autograd on, residuals kept)",
     "peak_memory": "max_memory_allocated during one run minus the memory allocated before it (inputs excluded)",
+    "first_call": "wall seconds of the first forward and the first forward+backward of a kernel class "
+                  "(compilation or disk-cache load, and Triton's autotuning, included); Triton's autotuning winners "
+                  "and TileLang's kernels are cached on disk ($TRITON_CACHE_DIR, $TILELANG_CACHE_DIR), so a later "
+                  "process pays only the load; the GPU runs recorded here loaded TileLang kernels from a cache built "
+                  "on a CPU machine (scripts/gpu_check_tilelang_*.py --prebuild; a cold build takes about 5-35 s "
+                  "per kernel on 2 CPU cores)",
     "errors": "max abs error and ||out - ref|| / ||ref|| against golden float64 on the same inputs (a slice "
               "at large shapes); bwd: the gradient with the largest relative error",
 }
@@ -170,7 +176,30 @@ def tables(data: dict, level: int = 2) -> str:
         bw = data.get("copy_gbps")
         out.append(f"{h} mHC block: pre -> identity -> post ({mhc[0]['dtype']}; copy bandwidth "
                    f"{_num(bw)} GB/s)\n\n{mhc_table(mhc)}")
+    first = first_call_table(data["records"])
+    if first:
+        out.append(f"{h} First call (compilation, cache load and autotuning)\n\n{first}")
     return "\n\n".join(out)
+
+
+def first_call_table(records: list[dict]) -> str:
+    """Seconds of the first call of the Triton and TileLang backends, for the first shape of each kernel
+    class (op and head dim or D): later shapes of a class reuse its compiled kernels (symbolic sizes)."""
+    rows, seen = [], set()
+    for r in records:
+        if r["backend"] not in ("triton", "tilelang") or r["kind"] != "kernel":
+            continue
+        cls = (r["op"], r["backend"], r["shape"].get("D"))
+        first = [(r.get(k) or {}).get("first_call_s") for k in ("fwd", "fwd_bwd")]
+        if cls in seen or first[0] is None:
+            continue
+        seen.add(cls)
+        shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
+        rows.append(f"| {r['op']} | {shape} | {r['backend']} | {_num(first[0])} | {_num(first[1])} |")
+    if not rows:
+        return ""
+    return "\n".join(["| op | first shape of its class | backend | fwd first call s | fwd+bwd first call s |",
+                      "|---|---|---|---|---|"] + rows)
 
 
 def failures(records: list[dict]) -> list[str]:
