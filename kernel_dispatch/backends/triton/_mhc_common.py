@@ -16,7 +16,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 N_STREAMS = (1, 2, 4, 8)
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # x's dtype -> GEMM scheme (see dot_xw)
+X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # x's dtype -> GEMM scheme (see below)
 
 
 def autotune(configs, interpret_config, key: list[str]):
@@ -99,63 +99,11 @@ def split_bf16(a):
     return hi, (a - hi.to(tl.float32)).to(tl.bfloat16)
 
 
-@triton.jit
-def split_for(a, X_KIND: tl.constexpr):
-    """The operand form of fp32 ``a`` for the products below: bf16 (hi, lo), or (a, a) for X_KIND 2."""
-    if X_KIND == 2:
-        hi, lo = a, a
-    else:
-        hi, lo = split_bf16(a)
-    return hi, lo
-
-
 # The GEMMs keep about 17 bits of every fp32 operand (plain TF32 keeps 11, which moves mhc_pre's
 # dalpha beyond its tolerance on small batches). X_KIND says how the activations x are stored:
-# 0 bf16 (exact in bf16: two products), 1 fp16 (split exactly into bf16 hi + lo: three leading
-# products), 2 fp32 (TF32x3). fp32 operands come as bf16 (hi, lo) pairs from split_for.
-
-@triton.jit
-def dot_xw(x, w_hi, w_lo, acc, X_KIND: tl.constexpr):
-    """acc + x @ w; x [M, K] in the activations' dtype, w [K, N] fp32 as (hi, lo)."""
-    if X_KIND == 2:
-        acc = tl.dot(x, w_hi, acc, input_precision="tf32x3")
-    elif X_KIND == 0:
-        acc = dot16(x, w_hi, acc)
-        acc = dot16(x, w_lo, acc)
-    else:
-        x_hi, x_lo = split_bf16(x.to(tl.float32))
-        acc = dot16(x_hi, w_hi, acc)
-        acc = dot16(x_hi, w_lo, acc)
-        acc = dot16(x_lo, w_hi, acc)
-    return acc
-
-
-@triton.jit
-def dot_wx(w_hi, w_lo, x, acc, X_KIND: tl.constexpr):
-    """acc + w @ x; w [M, K] fp32 as (hi, lo), x [K, N] in the activations' dtype."""
-    if X_KIND == 2:
-        acc = tl.dot(w_hi, x, acc, input_precision="tf32x3")
-    elif X_KIND == 0:
-        acc = dot16(w_hi, x, acc)
-        acc = dot16(w_lo, x, acc)
-    else:
-        x_hi, x_lo = split_bf16(x.to(tl.float32))
-        acc = dot16(w_hi, x_hi, acc)
-        acc = dot16(w_lo, x_hi, acc)
-        acc = dot16(w_hi, x_lo, acc)
-    return acc
-
-
-@triton.jit
-def dot_ww(a_hi, a_lo, b_hi, b_lo, acc, X_KIND: tl.constexpr):
-    """acc + a @ b; both fp32 as (hi, lo): the three leading bf16 products, or TF32x3 for X_KIND 2."""
-    if X_KIND == 2:
-        acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32x3")
-    else:
-        acc = dot16(a_hi, b_hi, acc)
-        acc = dot16(a_lo, b_hi, acc)
-        acc = dot16(a_hi, b_lo, acc)
-    return acc
+# 0 bf16 (exact in bf16: products with the bf16 hi and lo pieces of the fp32 operand), 1 fp16
+# (split exactly into bf16 hi + lo: the three leading products), 2 fp32 (TF32x3). The kernels
+# (_mhc_pre_fwd, _mhc_pre_bwd_grad) lay the pieces side by side so one tensor-core product covers them.
 
 
 @triton.jit

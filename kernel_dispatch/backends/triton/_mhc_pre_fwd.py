@@ -7,7 +7,7 @@ inv_rms, h_pre, h_post, Sinkhorn h_res) -> apply (x read again, streaming: h_in)
 GEMM operand layout: Wt [n*D, WS] row k = stream k // D, feature k % D. For 16-bit x, WS = 2M:
 columns 0..M-1 hold the bf16 hi piece of W[m, k] and M..2M-1 its bf16 lo piece, so ONE tensor
 core product x @ Wt gives the hi and lo products of every row side by side (the ~17-bit scheme of
-``_mhc_common.dot_xw``, with hi and lo in separate fp32 accumulators, summed by the mix kernel;
+``_mhc_common`` (X_KIND), with hi and lo in separate fp32 accumulators, summed by the mix kernel;
 fp16 x enters as its two exact bf16 pieces, two products).
 For fp32 x, WS = M, fp32, TF32x3. Part [T, S, WS] and Sq [T, S] fp32 hold the per-split results.
 
