@@ -72,6 +72,19 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
     return h_in.to(x.dtype), h_post, h_res, z, inv_rms
 
 
+def check_dx_acc(dx_acc, x) -> None:
+    """Every backend's check of ``backward(..., dx_acc=...)``: None, or [T, n, D] in x's dtype on x's device.
+
+    Raises ValueError (shape) or TypeError (dtype, device) naming ``dx_acc``.
+    """
+    if dx_acc is None:
+        return
+    if tuple(dx_acc.shape) != tuple(x.shape):
+        raise ValueError(f"dx_acc: expected shape {list(x.shape)} (x's), got {list(dx_acc.shape)}")
+    if dx_acc.dtype != x.dtype or dx_acc.device != x.device:
+        raise TypeError(f"dx_acc: expected {x.dtype} on {x.device} (x's), got {dx_acc.dtype} on {dx_acc.device}")
+
+
 def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sinkhorn_iters: int,
              post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float, dx_acc=None):
     """(dx [T, n, D] x.dtype, dphi [M, n*D], dalpha [3], dbias [M], dgamma [n*D] or None).
@@ -79,6 +92,7 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     ``dx_acc`` (None, or [T, n, D] in x's dtype, any strides): a gradient of x from elsewhere (the
     residual path into mhc_post), added to dx before its one rounding to x's dtype.
     """
+    check_dx_acc(dx_acc, x)
     ct = compute_dtype(x)
     T, n, D = x.shape
     xf = x.to(ct).reshape(T, n * D)

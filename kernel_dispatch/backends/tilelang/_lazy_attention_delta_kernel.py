@@ -16,7 +16,7 @@ Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched). B, H, Hkv, L, LP, W a
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LOG2E, is_free_tile, one_key_rows_macro, score_macro
+from ._lazy_attention_tiles import LOG2E, first_query, is_free_tile, key_blocks, one_key_rows_macro, score_macro
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,15 +62,12 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             d_blk = T.alloc_fragment([BM], f32)
             tmp = T.alloc_fragment([BM], f32)
 
-            # block index slowest in the grid; causal: reversed, so the longest rows of every head start first
-            mb = (T.ceildiv(L, BM) - 1 - bx) if causal else bx
-            m0 = mb * BM
+            m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]
             tau = Tau[by]
             sc2 = scale * LOG2E
-            key_end = T.min(m0 + BM, lb) if causal else lb
-            n_blocks = T.if_then_else(m0 < lb, T.ceildiv(key_end, BN), 0)
+            n_blocks = key_blocks(m0, lb, BM, BN, causal)
 
             T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
             T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)

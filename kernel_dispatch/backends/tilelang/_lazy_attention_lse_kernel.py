@@ -12,7 +12,7 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LN2, LOG2E, is_free_tile, score_macro
+from ._lazy_attention_tiles import LN2, LOG2E, first_query, is_free_tile, key_end, score_macro
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,18 +45,15 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             row_sum = T.alloc_fragment([BM], f32)
             denom = T.alloc_fragment([BM], f32)
 
-            # block index slowest in the grid; causal: reversed, so the longest rows of every head start first
-            mb = (T.ceildiv(L, BM) - 1 - bx) if causal else bx
-            m0 = mb * BM
+            m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]
             sc2 = scale * LOG2E
-            key_end = T.min(m0 + BM, lb) if causal else lb
 
             T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
             T.fill(row_max, -T.infinity(f32))
             T.fill(denom, 0)
-            for k in T.Pipelined(T.ceildiv(key_end, BN), num_stages=num_stages):
+            for k in T.Pipelined(T.ceildiv(key_end(m0, lb, BM, causal), BN), num_stages=num_stages):
                 T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, False))

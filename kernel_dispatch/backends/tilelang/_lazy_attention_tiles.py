@@ -19,6 +19,28 @@ def is_free_tile(m0, n0, rows_q: int, cols_k: int, lb, w, mask_rows: bool):
     return T.And(free, m0 + rows_q <= lb) if mask_rows else free
 
 
+def first_query(bx, L, BM: int, causal: bool):
+    """The first query of a query-major CTA's block; query blocks run slowest in the grid and, causal,
+    reversed, so the longest rows of every head start first."""
+    import tilelang.language as T
+
+    return ((T.ceildiv(L, BM) - 1 - bx) if causal else bx) * BM
+
+
+def key_end(m0, lb, BM: int, causal: bool):
+    """The end of the keys visible to queries [m0, m0 + BM) of a sequence of length lb."""
+    import tilelang.language as T
+
+    return T.min(m0 + BM, lb) if causal else lb
+
+
+def key_blocks(m0, lb, BM: int, BN: int, causal: bool):
+    """The key blocks the query block at m0 sweeps: 0 for a block of padded rows."""
+    import tilelang.language as T
+
+    return T.if_then_else(m0 < lb, T.ceildiv(key_end(m0, lb, BM, causal), BN), 0)
+
+
 def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool):
     """A macro ``scores(s, m0, n0, lb, sc2, Bias, h, free)`` rewriting fragment ``s`` [R, C] in place.
 

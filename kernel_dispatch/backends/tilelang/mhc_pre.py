@@ -23,6 +23,7 @@ import torch
 
 from . import (_mhc_pre_apply_kernel, _mhc_pre_bwd_dot_kernel, _mhc_pre_bwd_dx_kernel, _mhc_pre_bwd_mix_kernel,
                _mhc_pre_bwd_param_kernel, _mhc_pre_gemm_kernel, _mhc_pre_mix_kernel, _mhc_pre_weights_kernel)
+from ...golden.mhc_pre import check_dx_acc
 from ._mhc_common import N_STREAMS, bf16_pieces, check_streams, dense, kernel, sm_count, tl_dtype
 
 F32 = torch.float32
@@ -168,9 +169,8 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
 
     dx_stage, param_stage = ("dx", "param") if dx_acc is None else ("dx_acc", "param_acc")
     if dx_acc is not None:
-        if tuple(dx_acc.shape) != (T, n, D):
-            raise ValueError(f"dx_acc: expected shape {[T, n, D]}, got {list(dx_acc.shape)}")
-        xa = dense(dx_acc, x.dtype)
+        check_dx_acc(dx_acc, x)
+        xa = dense(dx_acc)
     else:
         xa = _acc_dummy(n, D, x.dtype, dev)
     S = ks[dx_stage][1][2]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ...golden.mhc_pre import check_dx_acc
 from ._mhc_common import INTERPRET, X_KINDS, check_streams, compile_spec, f32, narrow_strides, pow2_at_least
 from ._mhc_common import empty as _empty
 from ._mhc_pre_bwd import (BT_TOKEN, GRAD_INTERPRET_CONFIG, GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN, PARAM_BC, PARAM_WARPS,
@@ -127,9 +128,7 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     _check("z", z, (T, M))
     _check("inv_rms", inv_rms, (T,))
     if dx_acc is not None:
-        _check("dx_acc", dx_acc, (T, n, D))
-        if dx_acc.dtype != x.dtype or dx_acc.device != x.device:
-            raise TypeError(f"dx_acc: expected {x.dtype} on {x.device} (x's), got {dx_acc.dtype} on {dx_acc.device}")
+        check_dx_acc(dx_acc, x)
         dx_acc = narrow_strides(dx_acc)
     x, dh_in = narrow_strides(x), narrow_strides(dh_in)
     iters = int(sinkhorn_iters)

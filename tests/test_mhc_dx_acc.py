@@ -1,15 +1,16 @@
-"""The Triton mHC pre backward with an incoming gradient of x (``dx_acc``, the residual path).
+"""Every backend's mHC pre backward with an incoming gradient of x (``dx_acc``, the residual path).
 
 ``backward(..., dx_acc=...)`` must return dx = (its own dx) + dx_acc, added in fp32 inside the
 kernel that writes dx and rounded once; compared with golden float64 ``backward(..., dx_acc=...)``
-under the dx tolerance of the table. Contiguous and non-contiguous dx_acc, 16-bit and fp32 x.
+under the dx tolerance of the table. Contiguous and non-contiguous dx_acc, 16-bit and fp32 x, every
+backend the registry can run here (reasons otherwise); a bad dx_acc is refused by name.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernel_dispatch.backends.triton import mhc_pre as tpre
+from kernel_dispatch import BACKEND_NAMES, registry
 from kernel_dispatch.golden import mhc_pre as gpre
 
 from .cases import MHCCase, make_inputs
@@ -27,10 +28,20 @@ def _dx_acc(shape, dtype, noncontig: bool, seed: int) -> torch.Tensor:
     return (3 * torch.randn(*shape, generator=g)).to(dtype).to(DEVICE)
 
 
+def _backend(case, dtype, backend):
+    """The backend's mhc_pre kernels module, or skip with the registry's reasons."""
+    reasons = registry.why_not("mhc_pre", backend, {"device": DEVICE, "dtype": dtype, "n": case.n, "D": case.D})
+    if reasons:
+        pytest.skip(f"{backend}: " + "; ".join(reasons))
+    return registry.kernels("mhc_pre", backend)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("noncontig", [False, True], ids=["contig", "noncontig"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_dx_acc_is_added_before_the_one_rounding(dtype, noncontig):
+def test_dx_acc_is_added_before_the_one_rounding(dtype, noncontig, backend):
     case = MHCCase("residual", lead=(37,), n=4, D=40, noncontig=noncontig)
+    tpre = _backend(case, dtype, backend)
     t = make_inputs("mhc_pre", case, dtype, DEVICE, seed=5).tensors
     x, phi, alpha, bias, gamma = t["x"], t["phi"], t["alpha"], t["bias"], t.get("gamma")
     grads = make_inputs("mhc_pre", case, dtype, DEVICE, seed=5).grads
@@ -53,13 +64,16 @@ def test_dx_acc_is_added_before_the_one_rounding(dtype, noncontig):
     assert rel_err(got[0], without.double() + dx_acc.double()) < 0.05
 
 
-def test_dx_acc_checked():
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_dx_acc_checked(backend):
     case = MHCCase("residual_bad", lead=(5,), n=4, D=16)
-    t = make_inputs("mhc_pre", case, torch.float32, DEVICE).tensors
-    grads = make_inputs("mhc_pre", case, torch.float32, DEVICE).grads
+    dtype = torch.float32 if backend != "tilelang" else torch.bfloat16
+    tpre = _backend(case, dtype, backend)
+    t = make_inputs("mhc_pre", case, dtype, DEVICE).tensors
+    grads = make_inputs("mhc_pre", case, dtype, DEVICE).grads
     args = (t["x"], t["phi"], t["alpha"], t["bias"], None)
     _, _, _, z, inv_rms = tpre.forward(*args, *HP)
     with pytest.raises(ValueError, match="dx_acc"):
-        tpre.backward(*grads, *args, z, inv_rms, *HP, dx_acc=torch.zeros(5, 4, 15, device=DEVICE))
+        tpre.backward(*grads, *args, z, inv_rms, *HP, dx_acc=torch.zeros(5, 4, 15, dtype=dtype, device=DEVICE))
     with pytest.raises(TypeError, match="dx_acc"):
         tpre.backward(*grads, *args, z, inv_rms, *HP, dx_acc=torch.zeros(5, 4, 16, dtype=torch.float16, device=DEVICE))
