@@ -46,10 +46,13 @@ VARIANTS = {
     "dq": [(128, 128, 256, 2)],
     "dkdv": [(64, 128, 256, 2, False)],
 }
-# dK/dV kernels that also accumulate dQ (TMA reduce-add), and other dK/dV tiles, checked on every small
-# case when listed here: {head_dim: config}. Both lost to the defaults on an H200 (benchmarks.md).
-DQ_ATOMIC: dict = {}
-ALT_DKDV: dict = {}
+# Candidate tile configs, each checked on every small case (the configs of one candidate applied
+# together), timed as a whole op ("tilelang[tag]") and kernel by kernel: {tag: {head_dim: {kernel: config}}}.
+# Lost to the defaults on an H200 (benchmarks.md, lazy-attention-speed.md): dQ accumulated in the dK/dV
+# kernel by TMA reduce-add (dkdv (64, 128, 256, 2, True)), other dK/dV tiles, and the lse/fwd/delta/dq
+# kernels with each key block split in two halves issued as async wgmma (2026-11-26, third session).
+CANDIDATES: dict = {}
+NONDET: dict = {}  # {tag: tensors that candidate does not reproduce bitwise by design}
 
 
 def log(*a):
@@ -70,24 +73,27 @@ def all_specs():
                 out += [(n, D, dt, causal, CONFIGS[D][n]) for n in KERNELS]
     for n, cfgs in VARIANTS.items():
         out += [(n, 128, "bfloat16", True, c) for c in cfgs]
-    for D, cfg in list(DQ_ATOMIC.items()) + list(ALT_DKDV.items()):
-        out += [("dkdv", D, dt, causal, cfg) for causal in (True, False) for dt in ("bfloat16", "float16")]
+    for by_dim in CANDIDATES.values():
+        for D, cfgs in by_dim.items():
+            out += [(n, D, dt, causal, cfg) for n, cfg in cfgs.items() for causal in (True, False)
+                    for dt in ("bfloat16", "float16")]
     return list(dict.fromkeys(out))
 
 
-class use_config:
-    """Temporarily run the launcher with another tile config for one kernel and head dim."""
+class use_configs:
+    """Temporarily run the launcher with other tile configs ({kernel: config}) at one head dim."""
 
-    def __init__(self, D, name, cfg):
+    def __init__(self, D, cfgs):
         from kernel_dispatch.backends.tilelang.lazy_attention import CONFIGS
-        self.table, self.D, self.name, self.cfg = CONFIGS, D, name, cfg
+        self.table, self.D, self.cfgs = CONFIGS, D, dict(cfgs or {})
 
     def __enter__(self):
-        self.old = self.table[self.D][self.name]
-        self.table[self.D][self.name] = self.cfg
+        self.old = dict(self.table[self.D])
+        self.table[self.D].update(self.cfgs)
 
     def __exit__(self, *exc):
-        self.table[self.D][self.name] = self.old
+        self.table[self.D].clear()
+        self.table[self.D].update(self.old)
 
 
 def _build_one(spec):
@@ -190,14 +196,6 @@ def correctness(cases, dtypes, twice=True, nondet=()):
     return rows
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def bench(fn, iters=20, warmup=3):
     import torch
     for _ in range(warmup):
@@ -229,7 +227,7 @@ def bench_inputs(dtype):
 
 def time_ops(backends):
     """ms of forward and forward+backward on the benchmark shape, for each backend and SDPA
-    ("tilelang[dq-atomic]": tilelang with dQ accumulated in the dK/dV kernel)."""
+    ("tilelang[tag]": tilelang with the configs of CANDIDATES[tag])."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -240,11 +238,10 @@ def time_ops(backends):
     out = {}
     for b in backends:
         try:
-            name, cfg = (b, None) if b != "tilelang[dq-atomic]" else ("tilelang", DQ_ATOMIC[128])
+            name, tag = b.rstrip("]").split("[") if "[" in b else (b, None)
             fwd = lambda: kd.lazy_attention(*leaves, backend=name)  # noqa: E731
-            with use_config(128, "dkdv", cfg) if cfg else _nothing():
-                if cfg is None:
-                    out[f"{b} fwd"] = bench(lambda: fwd())
+            with use_configs(128, CANDIDATES[tag].get(128) if tag else None):
+                out[f"{b} fwd"] = bench(lambda: fwd())
                 out[f"{b} fwd+bwd"] = bench(lambda: torch.autograd.grad(fwd(), leaves, do))
         except Exception as e:
             out[f"{b} error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -299,11 +296,12 @@ def time_kernels():
             return out, lambda: kern(q, k, v, do, bias, tau, lens, lse_p, delta, out, scale)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         part = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), device="cuda")
-        dq_acc = torch.zeros(B, H, L, D, device="cuda") if cfg[4] else torch.empty(1, 1, 1, D, device="cuda")
+        with_dq = len(cfg) > 4 and cfg[4]
+        dq_acc = torch.zeros(B, H, L, D, device="cuda") if with_dq else torch.empty(1, 1, 1, D, device="cuda")
 
         def run_dkdv():
             part.zero_()
-            if cfg[4]:
+            if with_dq:
                 dq_acc.zero_()
             kern(q, k, v, do, bias, tau, lens, lse_p, delta, inv_i, dk, dv, part, dq_acc, scale)
         return dk, run_dkdv
@@ -311,7 +309,8 @@ def time_kernels():
     rows = []
     for name in KERNELS:
         base = None
-        for cfg in dict.fromkeys([la.CONFIGS[D][name]] + VARIANTS[name]):
+        cands = [c[D][name] for c in CANDIDATES.values() if name in c.get(D, {})]
+        for cfg in dict.fromkeys([la.CONFIGS[D][name]] + VARIANTS[name] + cands):
             if left() < 40:
                 rows.append((name, cfg, None, "skipped: time"))
                 continue
@@ -394,24 +393,31 @@ def gpu_main(workers):
     corr = correctness(small, (torch.bfloat16, torch.float16))
     report["correctness"] = corr
     log("small cases done")
-    corr_atomic = []
-    for tag, table, nondet in (("dq-atomic", DQ_ATOMIC, ("dq",)), ("alt dkdv", ALT_DKDV, ())):
-        for D, cfg in table.items():
-            with use_config(D, "dkdv", cfg):
-                rows = correctness([c for c in small if c.D == D], (torch.bfloat16, torch.float16), nondet=nondet)
-            corr_atomic += [(f"{r[0]} [{tag}]",) + tuple(r[1:]) for r in rows]
-    report["correctness_dq_atomic"] = corr_atomic
-    log("dq-atomic cases done")
+    corr_cand = []
+    for tag, by_dim in CANDIDATES.items():
+        for D, cfgs in by_dim.items():
+            with use_configs(D, cfgs):
+                rows = correctness([c for c in small if c.D == D], (torch.bfloat16, torch.float16),
+                                   nondet=NONDET.get(tag, ()))
+            corr_cand += [(f"{r[0]} [{tag}]",) + tuple(r[1:]) for r in rows]
+    report["correctness_candidates"] = corr_cand
+    log("candidate configs done")
 
     tri, why = triton_ok()
     log(f"triton: {why}")
-    ops = time_ops(["tilelang"] + (["tilelang[dq-atomic]"] if DQ_ATOMIC else []) + (["triton"] if tri else []))
+    ops = time_ops(["tilelang"] + [f"tilelang[{t}]" for t in CANDIDATES] + (["triton"] if tri else []))
     report["ops_ms"] = ops
     log("op timings done")
     kern = time_kernels() if left() > 60 else []
     report["kernels_ms"] = kern
     log("kernel timings done")
     big = correctness([c for c in ATTN_CASES if c.big], (torch.bfloat16, torch.float16), twice=False)
+    for tag, by_dim in CANDIDATES.items():
+        bigc = [c for c in ATTN_CASES if c.big and c.D in by_dim]
+        for D in {c.D for c in bigc}:
+            with use_configs(D, by_dim[D]):
+                rows = correctness([c for c in bigc if c.D == D], (torch.bfloat16,), twice=False)
+            big += [(f"{r[0]} [{tag}]",) + tuple(r[1:]) for r in rows]
     report["big"] = big
 
     out_dir = os.environ.get("OUT")
@@ -421,19 +427,18 @@ def gpu_main(workers):
 
     print("\n==== correctness vs golden float64 (worst err/tol over tensors and heads; det = bitwise rerun)")
     n_ok = 0
-    for name, dt, w, fails, det in corr + corr_atomic + big:
+    for name, dt, w, fails, det in corr + corr_cand + big:
         ok = w is not None and not fails
         n_ok += ok
         ws = "  -  " if w is None else f"{w:5.3f}"
         print(f"{'ok  ' if ok else 'FAIL'} {name:32s} {dt:9s} {ws} det={det} {'; '.join(fails)[:160]}")
-    print(f"passed {n_ok}/{len(corr) + len(corr_atomic) + len(big)} (dq-atomic rows: dq is not bitwise "
-          "reproducible by design)")
+    print(f"passed {n_ok}/{len(corr) + len(corr_cand) + len(big)}")
     print(f"\n==== speed on {dev}: bf16 causal B=4 H=16 L=4096 D=128 W=512 tau=-1 (median ms)")
     for key, val in ops.items():
         print(f"{key:24s} {val if isinstance(val, str) else f'{val:8.3f}'}")
     for d in ("fwd", "fwd+bwd"):
         cd = ops.get(f"sdpa_cudnn {d}")
-        for b in ("tilelang", "tilelang[dq-atomic]", "triton"):
+        for b in ["tilelang"] + [f"tilelang[{t}]" for t in CANDIDATES] + ["triton"]:
             if isinstance(ops.get(f"{b} {d}"), float) and isinstance(cd, float):
                 print(f"{b} {d} / cudnn = {ops[f'{b} {d}'] / cd:.2f}")
     print("\n==== tilelang kernels (block_m, block_n, threads, stages): ms, max rel diff to the first")

@@ -3,8 +3,9 @@
 Builds go into a fresh TileLang cache (so they really compile) with the CUDA compiler of the pip
 packages nvidia-cuda-nvcc / nvidia-cuda-cccl; without a compiler the test fails and says what to
 install. Each factory is built once, bf16 at head dim 64 (causal, and non-causal for the kernels
-whose mask differs), with the launcher's tile configuration. Numerics run on a GPU only
-(scripts/gpu_check_tilelang_attention.py).
+whose mask differs), with the launcher's tile configuration, and its generated source must not hand a
+shared buffer back to the TMA producer while an async wgmma still reads it (tests/async_release.py).
+Numerics run on a GPU only (scripts/gpu_check_tilelang_attention.py).
 """
 import glob
 import importlib.util
@@ -13,6 +14,8 @@ import os
 import pytest
 
 from kernel_dispatch.backends.tilelang import _build
+
+from .async_release import release_violations
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None,
                                 reason="tilelang is not installed (it is Linux-only)")
@@ -42,7 +45,38 @@ def test_factory_builds_cubin_for_sm90a(name, causal, toolkit, tmp_path, monkeyp
     assert "__global__" in src
     assert "wgmma" in src, f"{name}: no wgmma in the sm_90a source (the Hopper GEMM path was not taken)"
     assert "tma_load" in src, f"{name}: no TMA load in the sm_90a source"
+    assert not release_violations(src), f"{name}: " + "; ".join(release_violations(src))
     cubins = glob.glob(os.path.join(str(tmp_path), "**", "*.cubin"), recursive=True)
     assert cubins, f"{name}: no cubin written under {tmp_path}"
     with open(cubins[0], "rb") as f:
         assert f.read(4) == b"\x7fELF", f"{name}: {cubins[0]} is not an ELF cubin"
+
+
+# The consumer side of a kernel that issued an async wgmma on Ka_s and released Ka_s before waiting for
+# it (the order TileLang's pipeliner produced for T.wgmma_gemm before the kernels read the buffer again
+# after T.wait_wgmma); trimmed from real sm_90a output.
+_EARLY_RELEASE = """
+    tl::warpgroup_reg_dealloc<24>();
+    for (int k = 0; k < n; ++k) {
+      mbarrier[((k & 1) + 4)].wait((((k & 3) >> 1) ^ 1));
+      tl::tma_load(K_desc, mbarrier[(k & 1)], (&(((bfloat16_t*)Ka_s)[((k & 1) * 8192)])), 0, (k * 128), 0, 0);
+    }
+  } else {
+    tl::warpgroup_reg_alloc<240>();
+    for (int k_1 = 0; k_1 < n; ++k_1) {
+      mbarrier[(k_1 & 1)].wait(((k_1 & 3) >> 1));
+      tl::initialize_wgmma_descriptor<1, 1, 64>(desc_a, (&(((bfloat16_t*)Q_s)[0])));
+      tl::initialize_wgmma_descriptor<1, 1, 64>(desc_b, (&(((bfloat16_t*)Ka_s)[0])));
+      tl::warpgroup_arrive();
+      tl::warpgroup_commit_batch();
+      mbarrier[((k_1 & 1) + 4)].arrive();
+      tl::wait_wgmma<0>();
+"""
+
+
+def test_release_check_catches_a_release_before_the_wait():
+    bad = release_violations(_EARLY_RELEASE)
+    assert len(bad) == 1 and "releases Ka_s" in bad[0]
+    fixed = _EARLY_RELEASE.replace("      mbarrier[((k_1 & 1) + 4)].arrive();\n      tl::wait_wgmma<0>();\n",
+                                   "      tl::wait_wgmma<0>();\n      mbarrier[((k_1 & 1) + 4)].arrive();\n")
+    assert fixed != _EARLY_RELEASE and release_violations(fixed) == []

@@ -1,0 +1,78 @@
+"""Probe: fp32 gradient error at the Elastic-Softmax relu kink, per head, on the realistic cases.
+
+For each big lazy attention case of tests/cases.py (fp32 inputs) prints, head by head, the relative error
+against golden float64 of (a) golden run in fp32 on the same device (an exactly rounded fp32 implementation)
+and (b) each kernel backend that runs fp32, plus how many scores lie within a relative distance delta of
+the kink P + tau/i = 0 (where fp32 and float64 may decide the mask differently). Heads with tau >= 0 have
+no kink: any error there beyond the fp32 tolerance is a kernel defect, not a mask flip.
+Usage (GPU):  python3 scripts/gpu_fp32_kink_probe.py [--backends triton]
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cases import ATTN_CASES, make_inputs, run, upcast  # noqa: E402
+from tests.tolerances import rel_err, tolerance  # noqa: E402
+
+
+def band_counts(inp, deltas):
+    """[H, len(deltas)]: scores with |P + tau/i| <= delta * P (float64), summed over the batch."""
+    t = {k: v.double() for k, v in inp.tensors.items()}
+    q, k, bias, tau = t["q"], t["k"], t["bias"], t["tau"]
+    B, H, L, D = q.shape
+    grp = H // k.shape[1]
+    lengths = inp.kwargs.get("lengths")
+    out = torch.zeros(H, len(deltas), dtype=torch.long)
+    m = torch.arange(L, device=q.device)[:, None]
+    n = torch.arange(L, device=q.device)[None, :]
+    W = bias.shape[1]
+    for b in range(B):
+        lb = L if lengths is None else int(lengths[b])
+        for h in range(H):
+            s = D ** -0.5 * q[b, h] @ k[b, h // grp].T
+            s = s + torch.where((m - n >= 0) & (m - n < W), bias[h][(m - n).clamp(0, W - 1)], 0.0)
+            valid = (n <= m) & (n < lb)
+            s = s.masked_fill(~valid, float("-inf"))
+            p = torch.softmax(s, -1)
+            margin = (p + tau[h] / (m + 1).double()).abs()
+            for j, dl in enumerate(deltas):
+                out[h, j] += int(((margin <= dl * p) & valid & (m < lb)).sum())
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", default="triton")
+    args = ap.parse_args()
+    dev = "cuda"
+    deltas = (1e-7, 1e-6, 1e-5)
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    for case in [c for c in ATTN_CASES if c.big]:
+        inp = make_inputs("lazy_attention", case, torch.float32, dev)
+        ref = run("lazy_attention", upcast(inp), "golden")
+        got = {"golden-fp32": run("lazy_attention", inp, "golden")}
+        for be in args.backends.split(","):
+            got[be] = run("lazy_attention", inp, be)
+        counts = band_counts(inp, deltas)
+        tau = inp.tensors["tau"].tolist()
+        print(f"\n== {case.name}: rel err / fp32 tol per head (dq, dk, dv, o); band counts at delta {deltas}")
+        for name in ("dbias", "dtau"):
+            print(f"   {name}: " + ", ".join(f"{k} {rel_err(g[name], ref[name]) / tolerance('lazy_attention', torch.float32, name):.2f}"
+                                             for k, g in got.items()))
+        for h in range(case.H):
+            cells = []
+            for k, g in got.items():
+                r = [rel_err(g[n][:, h if n in ('dq', 'o') else h // (case.H // case.Hkv)],
+                             ref[n][:, h if n in ('dq', 'o') else h // (case.H // case.Hkv)])
+                     / tolerance("lazy_attention", torch.float32, n) for n in ("dq", "dk", "dv", "o")]
+                cells.append(f"{k} " + "/".join(f"{x:.2f}" for x in r))
+            print(f"h{h:2d} tau {tau[h]:+.3f} band {counts[h].tolist()}  " + "  ".join(cells), flush=True)
+        del ref, got
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""A check on generated CUDA: no shared buffer goes back to the TMA producer while an async wgmma reads it.
+
+TileLang's pipeliner releases a stage of a pipelined shared buffer (``mbarrier[empty].arrive()``) after
+the buffer's last read in program order. ``T.wgmma_gemm`` only issues the GEMM, so a kernel that issues
+it and releases the buffer before ``T.wait_wgmma`` lets the producer's next TMA load overwrite operands
+the tensor cores are still reading: a race neither the compiler nor a small test notices. Kernels read
+the buffer once more after the wait (``touch = X_s[0, 0]``) to move the release there; this check
+replays the consumer code and fails when a release meets an in-flight reader.
+"""
+from __future__ import annotations
+
+import re
+
+_WAIT = re.compile(r"mbarrier\[(.+?)\]\.wait\(")
+_TMA = re.compile(r"tma_load\([^,]+, mbarrier\[.+?\], \(&\(\(\(\w+\*\)(\w+)\)")
+_DESC = re.compile(r"initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\(\(\(\w+\*\)(\w+)\)")
+_WAIT_WGMMA = re.compile(r"(?:wait_wgmma|warpgroup_wait)<(\d+)>")
+_ARRIVE = re.compile(r"mbarrier\[(.+?)\]\.arrive\(\)")
+_SUFFIX = re.compile(r"\b([A-Za-z]\w*?)_\d+\b")
+
+
+def _barrier(expr: str) -> str:
+    """A barrier index with the loop variable's codegen suffix dropped (producer ``k``, consumer ``k_1``)."""
+    return _SUFFIX.sub(r"\1", expr)
+
+
+def release_violations(src: str) -> list[str]:
+    """Lines of the consumer code of ``src`` (a warp-specialized TileLang CUDA kernel) that release a
+    shared buffer still read by an uncompleted wgmma group; [] when there are none (or no async wgmma)."""
+    if "warpgroup_reg_alloc<" not in src:
+        return []
+    producer, consumer = src.split("warpgroup_reg_alloc<", 1)
+    empty_of: dict[str, str] = {}  # producer's "buffer free" barrier -> the buffer it then loads
+    waited = None
+    for line in producer.splitlines():
+        if m := _WAIT.search(line):
+            waited = _barrier(m.group(1))
+        if (m := _TMA.search(line)) and waited is not None:
+            empty_of.setdefault(waited, m.group(1))
+    assert empty_of, "no producer TMA stage found: the parser no longer matches TileLang's output"
+    in_flight: list[set[str]] = []  # committed wgmma groups not yet waited for, oldest first
+    reading: set[str] = set()
+    bad = []
+    for no, line in enumerate(consumer.splitlines(), 1):
+        if m := _DESC.search(line):
+            reading.add(m.group(1))
+        if "warpgroup_commit_batch" in line:
+            in_flight.append(reading)
+            reading = set()
+        if m := _WAIT_WGMMA.search(line):
+            keep = int(m.group(1))
+            in_flight = in_flight[len(in_flight) - keep:] if keep else []
+        if (m := _ARRIVE.search(line)) and _barrier(m.group(1)) in empty_of:
+            buf = empty_of[_barrier(m.group(1))]
+            if any(buf in g for g in in_flight):
+                bad.append(f"consumer line {no}: releases {buf} while a wgmma reading it is in flight: {line.strip()}")
+    return bad
