@@ -3,9 +3,10 @@
 TileLang's pipeliner releases a stage of a pipelined shared buffer (``mbarrier[empty].arrive()``) after
 the buffer's last read in program order. ``T.wgmma_gemm`` only issues the GEMM, so a kernel that issues
 it and releases the buffer before ``T.wait_wgmma`` lets the producer's next TMA load overwrite operands
-the tensor cores are still reading: a race neither the compiler nor a small test notices. Kernels read
-the buffer once more after the wait (``touch = X_s[0, 0]``) to move the release there; this check
-replays the consumer code and fails when a release meets an in-flight reader.
+the tensor cores are still reading: a race neither the compiler nor a small test notices. A kernel that
+issues ``T.wgmma_gemm`` must read the buffer once more after the wait (``touch = X_s[0, 0]``) to move the
+release there. This check replays the consumer code (every committed wgmma group, every wait) and fails
+when a release meets an in-flight reader; the shipped kernels use synchronous ``T.gemm`` and pass.
 """
 from __future__ import annotations
 

@@ -11,9 +11,7 @@ so GQA heads sum into dK, dV without atomics (``with_dq`` also adds dS @ K of ea
 fp32 dQ accumulator by TMA reduce-add). Tiles within the bias band also add their
 diagonal sums of dS into Partial[b, h, key block, t] (t = distance); each distance is owned by
 one thread slot and tiles come in a fixed order, so dbias = Partial.sum((0, 2)) is bitwise
-reproducible. With ``split`` every query block is two halves whose four score GEMMs, then each half's
-dV and dK products, are issued as async wgmma, so the elementwise work of one half runs while the
-tensor cores compute the other.
+reproducible.
 
 Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H]
 fp32; Lens [B] int32; LSE, Delta [B, H, LP] fp32 and InvI [B, LP] fp32 (1/i of each row),
@@ -31,7 +29,7 @@ from ._lazy_attention_tiles import LOG2E, is_free_tile, one_key_probs_macro, sco
 
 @functools.lru_cache(maxsize=None)
 def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: int = 128, threads: int = 256,
-          num_stages: int = 2, with_dq: bool = False, with_dbias: bool = True, split: bool = False):
+          num_stages: int = 2, with_dq: bool = False, with_dbias: bool = True):
     """The dK/dV ``T.prim_func`` (block_m queries x block_n keys per tile); parameters: Q, K, V, dO,
     Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, dQacc, scale. With ``with_dq`` each tile also
     adds its dS @ K into dQacc [B, H, L, D] fp32 (zero-initialised; TMA reduce-add, so dQ's summation
@@ -42,30 +40,10 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
 
     D, BM, BN, NS = head_dim, block_m, block_n, threads
     assert BM % 2 == 0, "block_m must be even"
-    assert not (split and with_dq), "split has no dQ variant"
-    CM = BM // 2 if split else BM  # queries per GEMM
     f32 = "float32"
     B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ")
-    scores = score_macro(BN, CM, causal, transposed=True, mask_rows=True)
-    one_key_probs = one_key_probs_macro(BN, CM, causal)
-
-    @T.macro
-    def grad_tiles(sT, dpT, pT, aT_cast, dsT_cast, c0, m0v, n0, lb, sc2, Bias, Tau, hv, lse_s, delta_s, inv_s):
-        """For keys n0.. x the CM queries from m0v + c0 (columns c0.. of the [BM] row vectors), from the
-        raw scores sT and dA^T in dpT: aT_cast = A^T, dsT_cast = dS^T, and sT = dS^T in fp32."""
-        scores(sT, m0v + c0, n0, lb, sc2, Bias, hv, is_free_tile(m0v + c0, n0, CM, BN, lb, Bias.shape[1], True))
-        tau = Tau[hv]
-        for i, j in T.Parallel(BN, CM):
-            pT[i, j] = T.exp2(sT[i, j] - lse_s[c0 + j] * LOG2E)  # P; 0 where masked
-        one_key_probs(sT, pT, m0v + c0, n0, lb)
-        for i, j in T.Parallel(BN, CM):
-            # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
-            keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[c0 + j] > 0)
-            aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[c0 + j], T.float32(0))
-            dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
-        for i, j in T.Parallel(BN, CM):
-            sT[i, j] = pT[i, j] * (dpT[i, j] - delta_s[c0 + j])  # dS
-            dsT_cast[i, j] = sT[i, j]
+    scores = score_macro(BN, BM, causal, transposed=True, mask_rows=True)
+    one_key_probs = one_key_probs_macro(BN, BM, causal)
 
     @T.prim_func
     def lazy_attention_bwd_dkdv(
@@ -88,25 +66,17 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
         with T.Kernel(Hkv, B, T.ceildiv(L, BN), threads=threads) as (by, bz, bx):
             K_s = T.alloc_shared([BN, D], dtype)
             V_s = T.alloc_shared([BN, D], dtype)
-            Q_s = T.alloc_shared([CM, D], dtype)
-            dO_s = T.alloc_shared([CM, D], dtype)
+            Q_s = T.alloc_shared([BM, D], dtype)
+            dO_s = T.alloc_shared([BM, D], dtype)
             lse_s = T.alloc_shared([BM], f32)
             delta_s = T.alloc_shared([BM], f32)
             inv_s = T.alloc_shared([BM], f32)
             ds_s = T.alloc_shared([BN, BM + 1], f32)  # padded: diagonal reads hit distinct banks
-            sT = T.alloc_fragment([BN, CM], f32)
-            dpT = T.alloc_fragment([BN, CM], f32)
-            pT = T.alloc_fragment([BN, CM], f32)
-            aT_cast = T.alloc_fragment([BN, CM], dtype)
-            dsT_cast = T.alloc_fragment([BN, CM], dtype)
-            if split:
-                Q2_s = T.alloc_shared([CM, D], dtype)
-                dO2_s = T.alloc_shared([CM, D], dtype)
-                sT2 = T.alloc_fragment([BN, CM], f32)
-                dpT2 = T.alloc_fragment([BN, CM], f32)
-                aT2_cast = T.alloc_fragment([BN, CM], dtype)
-                dsT2_cast = T.alloc_fragment([BN, CM], dtype)
-                touch = T.alloc_var(dtype)
+            sT = T.alloc_fragment([BN, BM], f32)
+            dpT = T.alloc_fragment([BN, BM], f32)
+            pT = T.alloc_fragment([BN, BM], f32)
+            aT_cast = T.alloc_fragment([BN, BM], dtype)
+            dsT_cast = T.alloc_fragment([BN, BM], dtype)
             acc_dk = T.alloc_fragment([BN, D], f32)
             acc_dv = T.alloc_fragment([BN, D], f32)
             diag = T.alloc_fragment([NS], f32)
@@ -140,45 +110,31 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
             for it in T.Pipelined(groups * n_q, num_stages=num_stages):
                 h = by * groups + it // n_q1
                 m0 = (q_lo + it % n_q1) * BM
-                T.copy(Q[bz, h, m0:m0 + CM, :], Q_s)
-                T.copy(dO[bz, h, m0:m0 + CM, :], dO_s)
-                if split:
-                    T.copy(Q[bz, h, m0 + CM:m0 + BM, :], Q2_s)
-                    T.copy(dO[bz, h, m0 + CM:m0 + BM, :], dO2_s)
+                T.copy(Q[bz, h, m0:m0 + BM, :], Q_s)
+                T.copy(dO[bz, h, m0:m0 + BM, :], dO_s)
                 T.copy(LSE[bz, h, m0:m0 + BM], lse_s)
                 T.copy(Delta[bz, h, m0:m0 + BM], delta_s)
                 T.copy(InvI[bz, m0:m0 + BM], inv_s)
                 # the head and query offset as scalars: per-element index math must not redo it // n_q1
                 hv = h
                 m0v = m0
-                if split:
-                    T.wgmma_gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(K_s, Q2_s, sT2, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(V_s, dO2_s, dpT2, transpose_B=True, clear_accum=True,
-                                 policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(2)
-                    grad_tiles(sT, dpT, pT, aT_cast, dsT_cast, 0, m0v, n0, lb, sc2, Bias, Tau, hv, lse_s, delta_s,
-                               inv_s)
-                    T.wgmma_gemm(aT_cast, dO_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(dsT_cast, Q_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(2)
-                    grad_tiles(sT2, dpT2, pT, aT2_cast, dsT2_cast, CM, m0v, n0, lb, sc2, Bias, Tau, hv, lse_s,
-                               delta_s, inv_s)
-                    T.wgmma_gemm(aT2_cast, dO2_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(dsT2_cast, Q2_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(0)
-                    touch = Q_s[0, 0]  # the pipeline releases a buffer after its last read: after the wait
-                    touch = dO_s[0, 0]
-                    touch = Q2_s[0, 0]
-                    touch = dO2_s[0, 0]
-                else:
-                    T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    grad_tiles(sT, dpT, pT, aT_cast, dsT_cast, 0, m0v, n0, lb, sc2, Bias, Tau, hv, lse_s, delta_s,
-                               inv_s)
-                    T.gemm(aT_cast, dO_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                    T.gemm(dsT_cast, Q_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                scores(sT, m0v, n0, lb, sc2, Bias, hv, is_free_tile(m0v, n0, BM, BN, lb, W, True))
+                tau = Tau[hv]
+                for i, j in T.Parallel(BN, BM):
+                    pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked
+                one_key_probs(sT, pT, m0v, n0, lb)
+                for i, j in T.Parallel(BN, BM):
+                    # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
+                    keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
+                    aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))
+                    dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
+                for i, j in T.Parallel(BN, BM):
+                    sT[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS
+                    dsT_cast[i, j] = sT[i, j]
+                T.gemm(aT_cast, dO_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(dsT_cast, Q_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 if with_dq:
                     T.copy(dsT_cast, dsT_s)
                     T.gemm(dsT_s, K_s, acc_dq, transpose_A=True, clear_accum=True)
@@ -200,9 +156,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                         t_hi = T.min(T.min(T.max(hi, -lo), W - 1), WP - 1)
                     t_base = T.floordiv(t_lo, NS) * NS
                     if t_lo <= t_hi:
-                        T.copy(sT, ds_s[0:BN, 0:CM])
-                        if split:
-                            T.copy(sT2, ds_s[0:BN, CM:BM])
+                        T.copy(sT, ds_s[0:BN, 0:BM])
                         for c in T.serial(T.floordiv(t_hi - t_base, NS) + 1):
                             for x in T.Parallel(NS):
                                 # the earlier tiles' sum, loaded first so its latency hides behind the loop

@@ -32,16 +32,15 @@ HEAD_DIMS = (64, 128)
 FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "delta": _delta_k.build, "dq": _dq_k.build,
              "dkdv": _dkdv_k.build}
 
-# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim; dkdv adds (with_dq,
-# with_dbias, split): whether it also accumulates dQ (TMA reduce-add) instead of the separate dq kernel,
-# whether it writes the dbias partials, and whether each query block runs as two halves with async wgmma.
+# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim; dkdv's fifth entry
+# says whether it also accumulates dQ (TMA reduce-add into fp32) instead of the separate dq kernel.
 # Timed on an H200 (bf16, causal, B=4, H=16, L=4096, D=128): these beat 64-key row tiles, dkdv with
-# 32 queries, the dQ-in-dkdv variant, split row kernels, and the unsplit dkdv (1.95 vs 1.84 ms; it spills)
-# (scripts/gpu_check_tilelang_attention.py, docs/lazy-attention-speed.md).
+# 32 queries, and the dQ-in-dkdv variant (scripts/gpu_check_tilelang_attention.py).
 CONFIGS = {
-    D: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
-        "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False, True, True)}
-    for D in (64, 128)
+    64: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
+         "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False)},
+    128: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
+          "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False)},
 }
 
 
