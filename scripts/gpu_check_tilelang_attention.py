@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 CACHE_TAR = os.path.join(ROOT, ".devcache", "tilelang-attn-cache.tar.xz")
 T0 = time.time()
 DEADLINE = float(os.environ.get("ATTN_CHECK_DEADLINE", "275"))
-BENCH = dict(B=4, H=16, Hkv=16, L=4096, D=128, W=512)
+BENCH = dict(B=4, H=16, Hkv=16, L=4096, D=128, W=int(os.environ.get("ATTN_BENCH_W", "512")))  # W: bias length
 KERNELS = ("lse", "fwd", "delta", "dq", "dkdv")
 # tile variants timed on the benchmark shape: (block_m = queries, block_n = keys, threads, stages, ...)
 # On an H200 (2026-11-26) 64-query tiles of 128 threads lost to these on every kernel (lse 0.72-0.82 vs
@@ -389,7 +389,7 @@ def kernels_only(workers):
     use_carried_cache()
     import torch
     build_all(all_specs(), workers)
-    print(f"==== tilelang kernels on {torch.cuda.get_device_name()} (block_m, block_n, threads, stages, ...): "
+    print(f"==== tilelang kernels on {torch.cuda.get_device_name()}, W = {BENCH['W']} (block_m, block_n, threads, stages, ...): "
           f"median ms of {KERNEL_ROUNDS} interleaved rounds, max rel diff to the first")
     for name, cfg, ms, note in time_kernels():
         print(f"{name:6s} {str(cfg):40s} {'   -   ' if ms is None else f'{ms:7.3f}'} {note}")

@@ -62,6 +62,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             d_blk = T.alloc_fragment([BM], f32)
             tmp = T.alloc_fragment([BM], f32)
 
+            table = T.alloc_shared([BM + BN - 1], f32)  # the diagonals' bias of a band tile
             m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]
@@ -83,7 +84,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, True))
+                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, True), table)
                 one_key_rows(s, lse2, m0, k * BN, lb, tmp)
                 for i, j in T.Parallel(BM, BN):
                     # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0

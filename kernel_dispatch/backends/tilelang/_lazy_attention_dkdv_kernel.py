@@ -86,6 +86,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                 dsT_s = T.alloc_shared([BN, BM], dtype)
                 acc_dq = T.alloc_fragment([BM, D], f32)
                 dq_s = T.alloc_shared([BM, D], f32)
+            table = T.alloc_shared([BN + BM - 1], f32)  # the diagonals' bias of a band tile
             d0 = T.alloc_var(T.int32)
             hv = T.alloc_var(T.int32)
             m0v = T.alloc_var(T.int32)
@@ -120,7 +121,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                 m0v = m0
                 T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                scores(sT, m0v, n0, lb, sc2, Bias, hv, is_free_tile(m0v, n0, BM, BN, lb, W, True))
+                scores(sT, m0v, n0, lb, sc2, Bias, hv, is_free_tile(m0v, n0, BM, BN, lb, W, True), table)
                 tau = Tau[hv]
                 for i, j in T.Parallel(BN, BM):
                     pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked

@@ -45,6 +45,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             row_sum = T.alloc_fragment([BM], f32)
             denom = T.alloc_fragment([BM], f32)
 
+            table = T.alloc_shared([BM + BN - 1], f32)  # the diagonals' bias of a band tile
             m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]
@@ -56,7 +57,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             for k in T.Pipelined(T.ceildiv(key_end(m0, lb, BM, causal), BN), num_stages=num_stages):
                 T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, False))
+                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, False), table)
                 T.copy(row_max, row_max_prev)
                 T.reduce_max(s, row_max, dim=1, clear=False)
                 for i, j in T.Parallel(BM, BN):

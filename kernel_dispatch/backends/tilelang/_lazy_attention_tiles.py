@@ -42,24 +42,43 @@ def key_blocks(m0, lb, BM: int, BN: int, causal: bool):
 
 
 def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool):
-    """A macro ``scores(s, m0, n0, lb, sc2, Bias, h, free)`` rewriting fragment ``s`` [R, C] in place.
+    """A macro ``scores(s, m0, n0, lb, sc2, Bias, h, free, table)`` rewriting fragment ``s`` [R, C] in place.
 
     Not transposed: s[i, j] is query m0 + i, key n0 + j. Transposed: s[i, j] is key n0 + i,
     query m0 + j. Masked entries (future keys when causal, keys >= lb, and rows >= lb when
     ``mask_rows``) become -inf; the bias applies at distance m - n (|m - n| when not causal) < W.
+    Free tiles only scale. Tiles inside the sequence (no key or row past lb) that need a bias or the causal
+    mask read both from ``table``, a shared [R + C - 1] fp32 buffer the macro fills with the log2-domain
+    bias (-inf for negative causal distances) of each of the tile's R + C - 1 diagonals; the tiles at the
+    sequence end take the per-element path.
     """
     import tilelang.language as T
 
     NEG_INF = -T.infinity("float32")
+    span = R + C - 1
+
+    @T.macro
+    def fill(table, d_first, Bias, h):
+        """table[t] = log2-domain bias of signed distance d_first + t (-inf for d < 0 when causal)."""
+        for t in T.Parallel(span):
+            W = Bias.shape[1]
+            d = d_first + t
+            a = d if causal else T.abs(d)
+            b = T.if_then_else(a < W, Bias[h, T.max(T.min(a, W - 1), 0)] * LOG2E, T.float32(0))
+            table[t] = T.if_then_else(d < 0, NEG_INF, b) if causal else b
 
     if transposed:  # only the backward uses [keys, queries] tiles, always with padded rows masked
         assert mask_rows
 
         @T.macro
-        def scores(s, m0, n0, lb, sc2, Bias, h, free):
+        def scores(s, m0, n0, lb, sc2, Bias, h, free, table):
             if free:
                 for i, j in T.Parallel(R, C):
                     s[i, j] = s[i, j] * sc2
+            elif T.And(n0 + R <= lb, m0 + C <= lb):
+                fill(table, m0 - n0 - (R - 1), Bias, h)  # d = m - n = (m0 - n0) + j - i
+                for i, j in T.Parallel(R, C):
+                    s[i, j] = s[i, j] * sc2 + table[j - i + (R - 1)]
             else:
                 for i, j in T.Parallel(R, C):
                     W = Bias.shape[1]
@@ -72,10 +91,14 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
         return scores
 
     @T.macro
-    def scores(s, m0, n0, lb, sc2, Bias, h, free):
+    def scores(s, m0, n0, lb, sc2, Bias, h, free, table):
         if free:
             for i, j in T.Parallel(R, C):
                 s[i, j] = s[i, j] * sc2
+        elif T.And(n0 + C <= lb, m0 + R <= lb) if mask_rows else (n0 + C <= lb):
+            fill(table, m0 - n0 - (C - 1), Bias, h)  # d = m - n = (m0 - n0) + i - j
+            for i, j in T.Parallel(R, C):
+                s[i, j] = s[i, j] * sc2 + table[i - j + (C - 1)]
         else:
             for i, j in T.Parallel(R, C):
                 W = Bias.shape[1]
