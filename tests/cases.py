@@ -58,6 +58,8 @@ ATTN_CASES = [
     AttnCase("tau_minus1_one_key_rows", B=3, H=2, Hkv=1, L=24, D=64, tau=(-1.0, -1.0), lengths=(24, 1, 9)),
     AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, big=True),
     AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), big=True),
+    # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
+    AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, big=True),
 ]
 
 MHC_CASES = [

@@ -12,7 +12,8 @@ B, H, Hkv, L, LP, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LOG2E, first_query, is_free_tile, key_blocks, one_key_rows_macro, score_macro
+from ._lazy_attention_tiles import (DIST_TABLE, LOG2E, distance_table_macro, first_query, is_free_tile, key_blocks,
+                                    one_key_rows_macro, score_macro)
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,6 +27,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
     f32 = "float32"
     B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
+    fill_table = distance_table_macro(BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
 
     @T.prim_func
@@ -56,7 +58,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             delta = T.alloc_fragment([BM], f32)
             tmp = T.alloc_fragment([BM], f32)
 
-            table = T.alloc_shared([BM + BN - 1], f32)  # the diagonals' bias of a band tile
+            table = T.alloc_shared([DIST_TABLE + BN], f32)  # log2-domain bias by distance
             m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]
@@ -65,6 +67,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             n_blocks = key_blocks(m0, lb, BM, BN, causal)
 
             T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
+            fill_table(table, Bias, by)
             T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
             T.copy(Delta[bz, by, m0:m0 + BM], delta)

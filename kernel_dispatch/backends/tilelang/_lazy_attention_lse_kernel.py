@@ -2,7 +2,8 @@
 
 One CTA per (query block, head, batch) walks the visible key blocks once and keeps the online
 max and sum of exp of the biased, masked scores (SPEC section 1, S and LSE). Free key blocks
-(no mask, no bias) skip the index work.
+(no mask, no bias) skip the index work; band blocks read bias and causal mask from a table by distance
+that the CTA fills once (``distance_table_macro``, the four row-major kernels alike).
 
 Layout: Q [B, H, L, D], K [B, Hkv, L, D] contiguous, fp16/bf16; Bias [H, W] fp32; Lens [B]
 int32 (L without padding). Out: LSE [B, H, L] fp32, natural log; rows past lengths[b] get the
@@ -12,7 +13,8 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LN2, LOG2E, first_query, is_free_tile, key_end, score_macro
+from ._lazy_attention_tiles import (DIST_TABLE, LN2, LOG2E, distance_table_macro, first_query, is_free_tile, key_end,
+                                    score_macro)
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,6 +28,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
     f32 = "float32"
     B, H, Hkv, L, W = T.dynamic("B, H, Hkv, L, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)
+    fill_table = distance_table_macro(BN, causal)
 
     @T.prim_func
     def lazy_attention_lse(
@@ -45,13 +48,14 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             row_sum = T.alloc_fragment([BM], f32)
             denom = T.alloc_fragment([BM], f32)
 
-            table = T.alloc_shared([BM + BN - 1], f32)  # the diagonals' bias of a band tile
+            table = T.alloc_shared([DIST_TABLE + BN], f32)  # log2-domain bias by distance
             m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]
             sc2 = scale * LOG2E
 
             T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
+            fill_table(table, Bias, by)
             T.fill(row_max, -T.infinity(f32))
             T.fill(denom, 0)
             for k in T.Pipelined(T.ceildiv(key_end(m0, lb, BM, causal), BN), num_stages=num_stages):

@@ -41,6 +41,26 @@ def key_blocks(m0, lb, BM: int, BN: int, causal: bool):
     return T.if_then_else(m0 < lb, T.ceildiv(key_end(m0, lb, BM, causal), BN), 0)
 
 
+DIST_TABLE = 1024  # bias lengths W up to this use a whole-sweep distance table (row-major kernels)
+
+
+def distance_table_macro(C: int, causal: bool):
+    """A macro ``fill(table, Bias, h)`` for the row-major kernels: ``table`` is a shared
+    [DIST_TABLE + C] fp32 buffer, filled once per CTA (before the key sweep) with the log2-domain bias of
+    head h at every distance d = x - (C - 1), x = 0 .. DIST_TABLE + C - 1: -inf for d < 0 when causal,
+    Bias[h, d] * log2(e) for 0 <= d < W, 0 beyond. A tile of C keys reads index min(d, W) + C - 1."""
+    import tilelang.language as T
+
+    @T.macro
+    def fill(table, Bias, h):
+        for x in T.Parallel(DIST_TABLE + C):
+            W = Bias.shape[1]
+            d = x - (C - 1)
+            b = T.if_then_else(T.And(d >= 0, d < W), Bias[h, T.max(T.min(d, W - 1), 0)] * LOG2E, T.float32(0))
+            table[x] = T.if_then_else(d < 0, -T.infinity("float32"), b) if causal else b
+    return fill
+
+
 def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool):
     """A macro ``scores(s, m0, n0, lb, sc2, Bias, h, free, table)`` rewriting fragment ``s`` [R, C] in place.
 
@@ -48,9 +68,10 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
     query m0 + j. Masked entries (future keys when causal, keys >= lb, and rows >= lb when
     ``mask_rows``) become -inf; the bias applies at distance m - n (|m - n| when not causal) < W.
     Free tiles only scale. Tiles inside the sequence (no key or row past lb) that need a bias or the causal
-    mask read both from ``table``, a shared [R + C - 1] fp32 buffer the macro fills with the log2-domain
-    bias (-inf for negative causal distances) of each of the tile's R + C - 1 diagonals; the tiles at the
-    sequence end take the per-element path.
+    mask read both from ``table``: not transposed, the whole-sweep distance table of
+    :func:`distance_table_macro` (when W <= DIST_TABLE); transposed, a shared [R + C - 1] fp32 buffer the
+    macro fills per tile with the bias of each of the tile's diagonals (the dK/dV kernel changes query head
+    within its sweep). Other tiles take the per-element path.
     """
     import tilelang.language as T
 
@@ -95,10 +116,10 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
         if free:
             for i, j in T.Parallel(R, C):
                 s[i, j] = s[i, j] * sc2
-        elif T.And(n0 + C <= lb, m0 + R <= lb) if mask_rows else (n0 + C <= lb):
-            fill(table, m0 - n0 - (C - 1), Bias, h)  # d = m - n = (m0 - n0) + i - j
+        elif T.And(T.And(n0 + C <= lb, m0 + R <= lb) if mask_rows else (n0 + C <= lb), Bias.shape[1] <= DIST_TABLE):
             for i, j in T.Parallel(R, C):
-                s[i, j] = s[i, j] * sc2 + table[i - j + (C - 1)]
+                d = (m0 - n0) + i - j if causal else T.abs((m0 - n0) + i - j)
+                s[i, j] = s[i, j] * sc2 + table[T.min(d, Bias.shape[1]) + (C - 1)]
         else:
             for i, j in T.Parallel(R, C):
                 W = Bias.shape[1]
