@@ -76,20 +76,19 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
     import tilelang.language as T
 
     NEG_INF = -T.infinity("float32")
-    span = R + C - 1
-
-    @T.macro
-    def fill(table, d_first, Bias, h):
-        """table[t] = log2-domain bias of signed distance d_first + t (-inf for d < 0 when causal)."""
-        for t in T.Parallel(span):
-            W = Bias.shape[1]
-            d = d_first + t
-            a = d if causal else T.abs(d)
-            b = T.if_then_else(a < W, Bias[h, T.max(T.min(a, W - 1), 0)] * LOG2E, T.float32(0))
-            table[t] = T.if_then_else(d < 0, NEG_INF, b) if causal else b
 
     if transposed:  # only the backward uses [keys, queries] tiles, always with padded rows masked
         assert mask_rows
+
+        @T.macro
+        def fill(table, d_first, Bias, h):
+            """table[t] = log2-domain bias of signed distance d_first + t (-inf for d < 0 when causal)."""
+            for t in T.Parallel(R + C - 1):
+                W = Bias.shape[1]
+                d = d_first + t
+                a = d if causal else T.abs(d)
+                b = T.if_then_else(a < W, Bias[h, T.max(T.min(a, W - 1), 0)] * LOG2E, T.float32(0))
+                table[t] = T.if_then_else(d < 0, NEG_INF, b) if causal else b
 
         @T.macro
         def scores(s, m0, n0, lb, sc2, Bias, h, free, table):
