@@ -322,20 +322,12 @@ def cpu_overhead(res):
 
 def profile_kernels(res):
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from gpu_profile_kernels import kernel_rows  # scripts/, this script's directory
     for D in BENCH_D:
         _, fwd_bwd = make_block(D, "tilelang")
         fwd_bwd()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fwd_bwd()
-            torch.cuda.synchronize()
-        rows = []
-        for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if t > 0:
-                rows.append((t, ev.count, ev.key))
-        rows.sort(reverse=True)
+        rows = kernel_rows(fwd_bwd)
         res[str(D)] = [(k, c, t) for t, c, k in rows]
         log(f"kernels of one tilelang fwd+bwd, D={D} (us total, count):")
         for t, c, k in rows[:16]:

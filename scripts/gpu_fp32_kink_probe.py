@@ -21,28 +21,14 @@ from tests.cases import ATTN_CASES, make_inputs, run, upcast  # noqa: E402
 from tests.tolerances import rel_err, tolerance  # noqa: E402
 
 
-def band_counts(inp, deltas):
+def band_counts(inp, deltas, causal):
     """[H, len(deltas)]: scores with |P + tau/i| <= delta * P (float64), summed over the batch."""
-    t = {k: v.double() for k, v in inp.tensors.items()}
-    q, k, bias, tau = t["q"], t["k"], t["bias"], t["tau"]
-    B, H, L, D = q.shape
-    grp = H // k.shape[1]
-    lengths = inp.kwargs.get("lengths")
-    out = torch.zeros(H, len(deltas), dtype=torch.long)
-    m = torch.arange(L, device=q.device)[:, None]
-    n = torch.arange(L, device=q.device)[None, :]
-    W = bias.shape[1]
-    for b in range(B):
-        lb = L if lengths is None else int(lengths[b])
-        for h in range(H):
-            s = D ** -0.5 * q[b, h] @ k[b, h // grp].T
-            s = s + torch.where((m - n >= 0) & (m - n < W), bias[h][(m - n).clamp(0, W - 1)], 0.0)
-            valid = (n <= m) & (n < lb)
-            s = s.masked_fill(~valid, float("-inf"))
-            p = torch.softmax(s, -1)
-            margin = (p + tau[h] / (m + 1).double()).abs()
-            for j, dl in enumerate(deltas):
-                out[h, j] += int(((margin <= dl * p) & valid & (m < lb)).sum())
+    t = inp.tensors
+    out = torch.zeros(t["q"].shape[1], len(deltas), dtype=torch.long)
+    for _, h, rel, scored in cases.kink_margins(t["q"], t["k"], t["bias"], t["tau"], inp.kwargs.get("lengths"),
+                                                causal):
+        for j, dl in enumerate(deltas):
+            out[h, j] += int((scored & (rel <= dl)).sum())
     return out
 
 
@@ -62,7 +48,7 @@ def main():
         got = {"golden-fp32": run("lazy_attention", inp, "golden")}
         for be in args.backends.split(","):
             got[be] = run("lazy_attention", inp, be)
-        counts = band_counts(inp, deltas)
+        counts = band_counts(inp, deltas, case.causal)
         tau = inp.tensors["tau"].tolist()
         print(f"\n== {case.name}: rel err / fp32 tol per head (dq, dk, dv, o); band counts at delta {deltas}")
         for name in ("dbias", "dtau"):

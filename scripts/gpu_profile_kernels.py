@@ -52,13 +52,11 @@ def attn_step(backend, B=4, H=16, L=4096, D=128, W=512):
     return step
 
 
-def profile(name, step):
+def kernel_rows(step):
+    """[(device us, launches, kernel name)] of one call of ``step`` under the CUDA profiler, largest first."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
-    step()
-    step()
-    torch.cuda.synchronize()
     with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
@@ -67,7 +65,15 @@ def profile(name, step):
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
         if t > 0:
             rows.append((t, ev.count, ev.key))
-    rows.sort(reverse=True)
+    return sorted(rows, reverse=True)
+
+
+def profile(name, step):
+    import torch
+    step()
+    step()
+    torch.cuda.synchronize()
+    rows = kernel_rows(step)
     total = sum(r[0] for r in rows)
     print(f"\n== {name}: {total:.0f} us of kernels in one step", flush=True)
     for t, c, key in rows[:14]:

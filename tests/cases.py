@@ -100,8 +100,10 @@ def _noncontig(t: torch.Tensor) -> torch.Tensor:
 KINK_MARGIN = 1e-5
 
 
-def _rows_near_kink(q, k, bias, tau, lengths, causal: bool) -> list[tuple[int, int, torch.Tensor]]:
-    """(b, h, query rows) holding a visible score within KINK_MARGIN of the relu kink (float64)."""
+def kink_margins(q, k, bias, tau, lengths, causal: bool):
+    """Per batch b and head h, yields (b, h, rel, scored): rel [L, L] = |P + tau/i| / P in float64 (inf
+    where P underflows), and the scores it speaks for: visible, in valid rows, rows with one visible key
+    excluded (their P is exactly 1 in every backend)."""
     B, H, L, D = q.shape
     groups = H // k.shape[1]
     dev = q.device
@@ -110,7 +112,6 @@ def _rows_near_kink(q, k, bias, tau, lengths, causal: bool) -> list[tuple[int, i
     W = bias.shape[1]
     dist = (m - n) if causal else (m - n).abs()
     near = (dist >= 0) & (dist < W)
-    out = []
     for b in range(B):
         lb = L if lengths is None else int(lengths[b])
         valid = (n < lb) & (m < lb) & ((n <= m) if causal else True)
@@ -119,10 +120,16 @@ def _rows_near_kink(q, k, bias, tau, lengths, causal: bool) -> list[tuple[int, i
             s = D ** -0.5 * (q[b, h].double() @ k[b, h // groups].double().T)
             s = s + torch.where(near, bias[h].double()[dist.clamp(0, W - 1)], 0.0)
             p = torch.softmax(s.masked_fill(~valid, float("-inf")), -1).nan_to_num(0.0)
-            close = valid & (i > 1) & ((p + float(tau[h]) / i).abs() <= KINK_MARGIN * p)
-            rows = close.any(1).nonzero().flatten()
-            if len(rows):
-                out.append((b, h, rows))
+            yield b, h, (p + float(tau[h]) / i).abs() / p, valid & (i > 1)
+
+
+def _rows_near_kink(q, k, bias, tau, lengths, causal: bool) -> list[tuple[int, int, torch.Tensor]]:
+    """(b, h, query rows) holding a visible score within KINK_MARGIN of the relu kink (float64)."""
+    out = []
+    for b, h, rel, scored in kink_margins(q, k, bias, tau, lengths, causal):
+        rows = (scored & (rel <= KINK_MARGIN)).any(1).nonzero().flatten()
+        if len(rows):
+            out.append((b, h, rows))
     return out
 
 
