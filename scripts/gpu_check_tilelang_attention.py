@@ -44,11 +44,11 @@ KERNELS = ("lse", "fwd", "delta", "dq", "dkdv")
 # within 1% of the default), dK/dV with 3 stages (within 1%), and the two consumer warpgroups taking
 # turns at the GEMMs through named barriers (lse 0.51 vs 0.49, fwd 0.84 vs 0.70). List new candidates here.
 VARIANTS = {
-    "lse": [(128, 128, 256, 2)],
-    "fwd": [(128, 128, 256, 2)],
-    "delta": [(128, 128, 256, 2)],
-    "dq": [(128, 128, 256, 2)],
-    "dkdv": [(64, 128, 256, 2, False), (64, 128, 256, 3, False)],
+    "lse": [(128, 128, 256, 2), (128, 128, 256, 2, False), (256, 128, 512, 2), (192, 128, 384, 2)],
+    "fwd": [(128, 128, 256, 2), (128, 128, 256, 2, False), (192, 64, 384, 2)],
+    "delta": [(128, 128, 256, 2), (128, 128, 256, 2, False)],
+    "dq": [(128, 128, 256, 2), (128, 128, 256, 2, False)],
+    "dkdv": [(64, 128, 256, 2, False), (64, 128, 256, 2, False, True, False)],
 }
 # Candidate tile configs, each checked on every small case (the configs of one candidate applied
 # together), timed as a whole op ("tilelang[tag]") and kernel by kernel: {tag: {head_dim: {kernel: config}}}.

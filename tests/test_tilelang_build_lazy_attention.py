@@ -80,3 +80,15 @@ def test_release_check_catches_a_release_before_the_wait():
     fixed = _EARLY_RELEASE.replace("      mbarrier[((k_1 & 1) + 4)].arrive();\n      tl::wait_wgmma<0>();\n",
                                    "      tl::wait_wgmma<0>();\n      mbarrier[((k_1 & 1) + 4)].arrive();\n")
     assert fixed != _EARLY_RELEASE and release_violations(fixed) == []
+
+
+@pytest.mark.parametrize("R,C", [(128, 128), (64, 128), (128, 64), (192, 64), (192, 128), (256, 128), (96, 128)])
+def test_distance_table_covers_every_causal_tile(R, C):
+    """The whole-sweep distance table reaches the most negative distance of every tile a causal row-major
+    sweep visits (query blocks at multiples of R, key blocks at multiples of C starting before the block's
+    last query), so a band tile never reads before the table."""
+    from kernel_dispatch.backends.tilelang._lazy_attention_tiles import table_offset
+
+    L = 8 * R * C
+    lowest = min(m0 - n0 - (C - 1) for m0 in range(0, L, R) for n0 in range(0, m0 + R, C))
+    assert -table_offset(R, C) <= lowest, f"[{R}, {C}] tiles reach distance {lowest}, table starts at {-table_offset(R, C)}"

@@ -12,7 +12,7 @@ B, H, Hkv, L, LP, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (DIST_TABLE, LOG2E, distance_table_macro, first_query, is_free_tile, key_blocks,
+from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile, key_blocks,
                                     one_key_rows_macro, score_macro)
 
 
@@ -27,7 +27,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
     f32 = "float32"
     B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
-    fill_table = distance_table_macro(BN, causal)
+    fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
 
     @T.prim_func
@@ -58,7 +58,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             delta = T.alloc_fragment([BM], f32)
             tmp = T.alloc_fragment([BM], f32)
 
-            table = T.alloc_shared([DIST_TABLE + BN], f32)  # log2-domain bias by distance
+            table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
             m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]

@@ -13,7 +13,7 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (DIST_TABLE, LN2, LOG2E, distance_table_macro, first_query, is_free_tile, key_end,
+from ._lazy_attention_tiles import (LN2, LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile, key_end,
                                     score_macro)
 
 
@@ -28,7 +28,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
     f32 = "float32"
     B, H, Hkv, L, W = T.dynamic("B, H, Hkv, L, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)
-    fill_table = distance_table_macro(BN, causal)
+    fill_table = distance_table_macro(BM, BN, causal)
 
     @T.prim_func
     def lazy_attention_lse(
@@ -48,7 +48,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             row_sum = T.alloc_fragment([BM], f32)
             denom = T.alloc_fragment([BM], f32)
 
-            table = T.alloc_shared([DIST_TABLE + BN], f32)  # log2-domain bias by distance
+            table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
             m0 = first_query(bx, L, BM, causal)
             hk = by // (H // Hkv)
             lb = Lens[bz]

@@ -44,18 +44,35 @@ def key_blocks(m0, lb, BM: int, BN: int, causal: bool):
 DIST_TABLE = 1024  # bias lengths W up to this use a whole-sweep distance table (row-major kernels)
 
 
-def distance_table_macro(C: int, causal: bool):
-    """A macro ``fill(table, Bias, h)`` for the row-major kernels: ``table`` is a shared
-    [DIST_TABLE + C] fp32 buffer, filled once per CTA (before the key sweep) with the log2-domain bias of
-    head h at every distance d = x - (C - 1), x = 0 .. DIST_TABLE + C - 1: -inf for d < 0 when causal,
-    Bias[h, d] * log2(e) for 0 <= d < W, 0 beyond. A tile of C keys reads index min(d, W) + C - 1."""
+def table_offset(R: int, C: int) -> int:
+    """The most negative causal distance a [R queries, C keys] tile of a row-major sweep holds, negated.
+
+    Query blocks start at multiples of R and key blocks at multiples of C; a causal sweep visits key blocks
+    starting before the last query of the block. When C is a multiple of R every such key block starts at
+    or before the first query (distances >= -(C - 1)); otherwise it may start up to R - 1 keys later."""
+    return C - 1 if C % R == 0 else R + C - 2
+
+
+def distance_table_size(R: int, C: int) -> int:
+    """Entries of the whole-sweep distance table of :func:`distance_table_macro` for [R, C] tiles."""
+    return DIST_TABLE + table_offset(R, C) + 1
+
+
+def distance_table_macro(R: int, C: int, causal: bool):
+    """A macro ``fill(table, Bias, h)`` for the row-major kernels with [R queries, C keys] tiles: ``table``
+    is a shared fp32 buffer of :func:`distance_table_size` entries, filled once per CTA (before the key
+    sweep) with the log2-domain bias of head h at every distance d = x - OFF, OFF = :func:`table_offset`:
+    -inf for d < 0 when causal, Bias[h, d] * log2(e) for 0 <= d < W, 0 beyond. A tile reads index
+    min(d, W) + OFF."""
     import tilelang.language as T
+
+    off = table_offset(R, C)
 
     @T.macro
     def fill(table, Bias, h):
-        for x in T.Parallel(DIST_TABLE + C):
+        for x in T.Parallel(distance_table_size(R, C)):
             W = Bias.shape[1]
-            d = x - (C - 1)
+            d = x - off
             b = T.if_then_else(T.And(d >= 0, d < W), Bias[h, T.max(T.min(d, W - 1), 0)] * LOG2E, T.float32(0))
             table[x] = T.if_then_else(d < 0, -T.infinity("float32"), b) if causal else b
     return fill
@@ -118,7 +135,7 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
         elif T.And(T.And(n0 + C <= lb, m0 + R <= lb) if mask_rows else (n0 + C <= lb), Bias.shape[1] <= DIST_TABLE):
             for i, j in T.Parallel(R, C):
                 d = (m0 - n0) + i - j if causal else T.abs((m0 - n0) + i - j)
-                s[i, j] = s[i, j] * sc2 + table[T.min(d, Bias.shape[1]) + (C - 1)]
+                s[i, j] = s[i, j] * sc2 + table[T.min(d, Bias.shape[1]) + table_offset(R, C)]
         else:
             for i, j in T.Parallel(R, C):
                 W = Bias.shape[1]
