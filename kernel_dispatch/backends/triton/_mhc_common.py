@@ -42,6 +42,13 @@ def autotune(configs, interpret_config, key: list[str]):
     return triton.autotune(union, key=key, prune_configs_by={"early_config_prune": prune}, **kwargs)
 
 
+def token_class(T: int) -> int:
+    """The autotuning class of a token count T: its bit length, so each power-of-two band of T is tuned
+    once (the best tiles and splits depend on T; a winner picked at T = 4096 ran T = 16384 at 53% of the
+    speed of light instead of 71%)."""
+    return max(int(T), 1).bit_length()
+
+
 def check_streams(name: str, x: torch.Tensor) -> tuple[int, int, int]:
     """(T, n, D) of a [T, n, D] tensor, or ValueError/TypeError naming ``name``."""
     if x.dim() != 3:

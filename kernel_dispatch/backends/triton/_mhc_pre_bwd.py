@@ -45,13 +45,13 @@ def _store_g(gq_ptr, t, c, mask, g, X_KIND: tl.constexpr, MP: tl.constexpr):
         tl.store(gq_ptr + t * (2 * MP) + MP + c, lo, mask=mask)
 
 
-@autotune(TOKEN_CONFIGS, TOKEN_INTERPRET_CONFIG, key=["N", "D", "X_KIND"])
+@autotune(TOKEN_CONFIGS, TOKEN_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "T_CLASS"])
 @triton.jit
 def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alpha_ptr, bias_ptr,
                              gq_ptr, coef_ptr, hpre_ptr, part_ptr, scr_ptr,
                              T, D, sxt, sxi, sxd, sgt, sgd, ITERS, post_mult, pre_eps, sk_eps,
                              X_KIND: tl.constexpr, N: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
-                             BT: tl.constexpr, BK: tl.constexpr):
+                             BT: tl.constexpr, BK: tl.constexpr, T_CLASS):
     """x [T, N, D], dh_in (g) [T, D] strided; dh_post [T, N], dh_res [T, N, N], z [T, M], inv_rms [T]
     fp32 contiguous. Writes gq (G = dh_mix: [T, 2*MP] bf16 [hi | lo] for 16-bit x, [T, MP] fp32 for
     fp32 x, zero padded), coef [T], h_pre [T, N], partials [blocks, M + 3] (fp32)."""

@@ -45,12 +45,12 @@ GRAD_SPLIT_ALIGN = 128  # tokens per split are a multiple of this (every BT divi
 GRAD_REF_COLUMNS = 128  # columns per program assumed when choosing the number of token splits
 
 
-@autotune(grad_configs, GRAD_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "HAS_ACC"])
+@autotune(grad_configs, GRAD_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "HAS_ACC", "T_CLASS"])
 @triton.jit
 def mhc_pre_bwd_grad_kernel(x_ptr, g_ptr, w_ptr, wlo_ptr, gq_ptr, coef_ptr, hpre_ptr, acc_ptr, dx_ptr, part_ptr,
                             T, D, TPS, sxt, sxi, sxd, sgt, sgd, sat, sai, sad,
                             X_KIND: tl.constexpr, HAS_ACC: tl.constexpr, N: tl.constexpr, M: tl.constexpr,
-                            MP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+                            MP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, T_CLASS):
     """Grid (column chunks of BK // N per stream, token splits of TPS tokens).
 
     x [T, N, D] and dh_in (g) [T, D] strided, x's dtype; W [M, N*D] as bf16 (hi, lo) planes, or fp32

@@ -109,11 +109,11 @@ def _dot_cat(x, w, acc, X_KIND: tl.constexpr):
     return acc
 
 
-@autotune(gemm_configs, GEMM_INTERPRET_CONFIG, key=["N", "D", "X_KIND"])
+@autotune(gemm_configs, GEMM_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "T_CLASS"])
 @triton.jit
 def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
                             X_KIND: tl.constexpr, N: tl.constexpr, WS: tl.constexpr, WN: tl.constexpr,
-                            BT: tl.constexpr, BK: tl.constexpr):
+                            BT: tl.constexpr, BK: tl.constexpr, T_CLASS):
     """x [T, N, D] strided, Wt [N*D, WS] -> Part [T, S, WS] = x @ Wt and Sq [T, S] = sum x^2, fp32.
 
     Grid (token blocks, S): split s owns features [s*DS, (s+1)*DS) of every stream, DS a multiple

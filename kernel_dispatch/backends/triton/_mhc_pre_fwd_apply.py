@@ -85,10 +85,10 @@ def mhc_pre_fwd_mix_kernel(part_ptr, sq_ptr, alpha_ptr, bias_ptr, z_ptr, inv_ptr
     tl.store(h_res_ptr + t64[:, None, None] * (N * N) + ij[None, :, :], h_res, mask=m3)
 
 
-@autotune(APPLY_CONFIGS, APPLY_INTERPRET_CONFIG, key=["N", "D"])
+@autotune(APPLY_CONFIGS, APPLY_INTERPRET_CONFIG, key=["N", "D", "T_CLASS"])
 @triton.jit
 def mhc_pre_fwd_apply_kernel(x_ptr, h_pre_ptr, h_in_ptr, T, D, sxt, sxi, sxd,
-                             N: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+                             N: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, T_CLASS):
     """x [T, N, D] strided, h_pre [T, N] fp32 -> h_in [T, D] contiguous in x's dtype (fp32 sum, one rounding).
 
     1-D grid over (token block, feature block), feature blocks of one token block adjacent.

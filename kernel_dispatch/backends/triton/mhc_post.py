@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, check_streams, compile_spec, f32, narrow_strides
+from ._mhc_common import autotune, check_streams, compile_spec, f32, narrow_strides, token_class
 from ._mhc_common import empty as _empty
 
 # BC: 16-byte vectors of D per program and chunk (BC * VEC elements); >= 32 * num_warps, so every
@@ -43,10 +43,10 @@ def _vec(dtype: torch.dtype) -> int:
     return 16 // torch.empty((), dtype=dtype).element_size()
 
 
-@autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["N", "D"])
+@autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["N", "D", "T_CLASS"])
 @triton.jit
 def mhc_post_fwd_kernel(f_ptr, x_ptr, hp_ptr, hr_ptr, out_ptr, T, D, sft, sfd, sxt, sxi, sxd,
-                        N: tl.constexpr, VEC: tl.constexpr, BC: tl.constexpr):
+                        N: tl.constexpr, VEC: tl.constexpr, BC: tl.constexpr, T_CLASS):
     """Grid (T * column blocks,): one token's BC * VEC columns; out [T, N, D] contiguous.
 
     h_post [T, N], h_res [T, N, N] fp32 contiguous ([in, out]).
@@ -66,11 +66,11 @@ def mhc_post_fwd_kernel(f_ptr, x_ptr, hp_ptr, hr_ptr, out_ptr, T, D, sft, sfd, s
     tl.store(out_ptr + t * (N * D) + so * D + d, out.to(out_ptr.dtype.element_ty), mask=m)
 
 
-@autotune(BWD_CONFIGS, BWD_INTERPRET_CONFIG, key=["N", "D"])
+@autotune(BWD_CONFIGS, BWD_INTERPRET_CONFIG, key=["N", "D", "T_CLASS"])
 @triton.jit
 def mhc_post_bwd_kernel(g_ptr, f_ptr, x_ptr, hp_ptr, hr_ptr, df_ptr, dx_ptr, dhp_ptr, dhr_ptr, T, D,
                         sgt, sgo, sgd, sft, sfd, sxt, sxi, sxd,
-                        N: tl.constexpr, VEC: tl.constexpr, BC: tl.constexpr):
+                        N: tl.constexpr, VEC: tl.constexpr, BC: tl.constexpr, T_CLASS):
     """Grid (T,): one token, all of D in chunks of BC * VEC. g [T, N, D] strided.
 
     Writes df [T, D], dx [T, N, D], dh_post [T, N], dh_res [T, N, N] (contiguous). Each thread
@@ -117,7 +117,8 @@ def forward(f, x, h_post, h_res):
     f, x = narrow_strides(f), narrow_strides(x)
     out = _empty(T, n, D, dtype=x.dtype, device=x.device)
     mhc_post_fwd_kernel[lambda meta: (T * triton.cdiv(D, meta["BC"] * meta["VEC"]),)](
-        f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype))
+        f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype),
+        T_CLASS=token_class(T))
     return out
 
 
@@ -133,7 +134,8 @@ def backward(g, f, x, h_post, h_res):
     dh_post = _empty(T, n, dtype=f32t, device=dev)
     dh_res = _empty(T, n, n, dtype=f32t, device=dev)
     mhc_post_bwd_kernel[(T,)](g, f, x, f32(h_post), f32(h_res), df, dx, dh_post, dh_res, T, D,
-                              *g.stride(), *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype))
+                              *g.stride(), *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype),
+                              T_CLASS=token_class(T))
     return df, dx, dh_post.to(h_post.dtype), dh_res.to(h_res.dtype)
 
 
