@@ -15,17 +15,18 @@ CAPABILITIES = {
     "lazy_attention": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
                                    notes="Hopper (sm_90a) kernels, checked on H200 and H100; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied; first in "
-                                         "auto: faster than Triton on every benchmarked shape except the forward "
-                                         "alone at L=32768, D=64 (11.0 vs 10.3 ms, H200)"),
+                                         "auto: faster than Triton on every benchmarked shape, forward and fwd+bwd "
+                                         "(H100); on the H200 the forward alone at L=32768, D=64 trailed (11.0 vs "
+                                         "10.3 ms)"),
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton, forward and fwd+bwd, on every benchmarked "
-                                  "shape (H200)"),
+                                  "shape (H200 and H100)"),
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H200, commit f0a2621) shows TileLang faster on every fwd+bwd and on
-# every forward but one, named in the lazy_attention notes.
+# Above Triton (20): docs/benchmarks.md (H100, commit 168921d) shows TileLang faster on every forward and every
+# fwd+bwd; the H200 run of f0a2621 had one slower forward, named in the lazy_attention notes.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
 
