@@ -21,12 +21,13 @@ CAPABILITIES = {
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton, forward and fwd+bwd, on every benchmarked "
-                                  "shape (H200 and H100)"),
+                                  "shape but one: the mHC block's fwd+bwd at T=16384, D=2560 (1.93 +-10% vs 1.78 ms, "
+                                  "H100; 1.61 vs 2.07 ms in the run before)"),
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H100, commit 168921d) shows TileLang faster on every forward and every
-# fwd+bwd; the H200 run of f0a2621 had one slower forward, named in the lazy_attention notes.
+# Above Triton (20): docs/benchmarks.md (H100, commit ad32c79) shows TileLang faster on every forward and on every
+# fwd+bwd but one (mHC, named in the mhc_pre notes); the H200 run of f0a2621 had one slower lazy attention forward.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
 
