@@ -91,4 +91,5 @@ def test_distance_table_covers_every_causal_tile(R, C):
 
     L = 8 * R * C
     lowest = min(m0 - n0 - (C - 1) for m0 in range(0, L, R) for n0 in range(0, m0 + R, C))
-    assert -table_offset(R, C) <= lowest, f"[{R}, {C}] tiles reach distance {lowest}, table starts at {-table_offset(R, C)}"
+    start = -table_offset(R, C)
+    assert start <= lowest, f"[{R}, {C}] tiles reach distance {lowest}, the table starts at {start}"

@@ -26,7 +26,8 @@ def _case(D: int) -> AttnCase:
 
 def _params():
     if not CUDA:
-        return [pytest.param(None, None, None, None, marks=pytest.mark.skip(reason="forces compiled configs: CUDA only"))]
+        skip = pytest.mark.skip(reason="forces compiled configs: CUDA only")
+        return [pytest.param(None, None, None, None, marks=skip)]
     from kernel_dispatch.backends.triton import lazy_attention as tk
     out = []
     for kernel in KERNELS:

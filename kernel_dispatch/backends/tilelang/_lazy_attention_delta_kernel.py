@@ -16,8 +16,8 @@ Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched). B, H, Hkv, L, LP, W a
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile, key_blocks,
-                                    one_key_rows_macro, score_macro)
+from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile,
+                                    key_blocks, one_key_rows_macro, score_macro)
 
 
 @functools.lru_cache(maxsize=None)

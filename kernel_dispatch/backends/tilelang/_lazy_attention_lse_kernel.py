@@ -13,8 +13,8 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LN2, LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile, key_end,
-                                    score_macro)
+from ._lazy_attention_tiles import (LN2, LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile,
+                                    key_end, score_macro)
 
 
 @functools.lru_cache(maxsize=None)
