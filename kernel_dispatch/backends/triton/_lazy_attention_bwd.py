@@ -115,7 +115,7 @@ def lazy_attention_bwd_dq_kernel(
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale, sm_scale, NSEG, SEG_OFF, BH_OFF,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr):
+        UPCAST: tl.constexpr, PREC: tl.constexpr, L_CLASS):
     """Grid (cdiv(L, BLOCK), n_bh) over (b, h) pairs BH_OFF ... BH_OFF + n_bh - 1 (b * H + h).
 
     Writes DQ [B, H, L, D] (contiguous), DELTA [B*H, L], DTAU_PART [B*H, n_blocks] and
@@ -245,7 +245,7 @@ def lazy_attention_bwd_dkdv_kernel(
         stride_bh, stride_bw, stride_tau,
         H, HKV, L, W, GROUPS, qk_scale, sm_scale,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, L_CLASS):
     """Grid (cdiv(L, BLOCK_N), B * Hkv). Writes DK, DV [B, Hkv, L, D] (contiguous), zero for padded keys."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)

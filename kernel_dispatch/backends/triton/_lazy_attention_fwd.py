@@ -142,7 +142,7 @@ def lazy_attention_fwd_kernel(
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, L_CLASS):
     """Grid (cdiv(L, BLOCK_M), B * H). Writes O [B, H, L, D] (every row) and LSE [B, H, L] (natural log)."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # longest causal rows first
     bh = tl.program_id(1)

@@ -43,9 +43,9 @@ def autotune(configs, interpret_config, key: list[str]):
 
 
 def token_class(T: int) -> int:
-    """The autotuning class of a token count T: its bit length, so each power-of-two band of T is tuned
-    once (the best tiles and splits depend on T; a winner picked at T = 4096 ran T = 16384 at 53% of the
-    speed of light instead of 71%)."""
+    """The autotuning class of a size (the mHC token count T, the attention sequence length L): its bit
+    length, so each power-of-two band is tuned once (the best tiles and splits depend on it; an mHC winner
+    picked at T = 4096 ran T = 16384 at 53% of the speed of light instead of 71-73%)."""
     return max(int(T), 1).bit_length()
 
 

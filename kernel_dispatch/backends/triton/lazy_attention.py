@@ -5,7 +5,8 @@ q [B, H, L, D]; k, v [B, Hkv, L, D] (fp16, bf16 or fp32, any strides); bias [H, 
 lengths [B] int or None. Head dims 16, 32, 64, 128. All scores, probabilities, thresholds
 and accumulators are fp32; fp32 inputs use IEEE fp32 dots (no TF32).
 
-On CUDA each kernel is autotuned over a small config set keyed on (head dim, causal, dtypes);
+On CUDA each kernel is autotuned over a small config set keyed on (head dim, causal, dtypes, the power-of-two
+class of L: a short first call does not pick the tiles of long sequences);
 winners are cached on disk by triton (``cache_results``, triton >= 3.4). KERNEL_DISPATCH_TRITON_ATTN_CONFIG=i
 skips tuning and runs config i of each kernel (0: the default; for fast starts). Under the interpreter
 (TRITON_INTERPRET=1) one small config runs, and tiles are upcast to fp32 after every load
@@ -21,6 +22,7 @@ import triton
 
 from ._lazy_attention_bwd import lazy_attention_bwd_dkdv_kernel, lazy_attention_bwd_dq_kernel
 from ._lazy_attention_fwd import LOG2E, lazy_attention_fwd_kernel
+from ._mhc_common import token_class  # the autotuning class of a size (here the sequence length L)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -80,7 +82,7 @@ def _autotuner(kernel: str, fn):
         return [c for c in configs if _config_key(c) in allowed]
 
     cache = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(configs=configs, key=["HEAD_DIM", "CAUSAL"],
+    return triton.autotune(configs=configs, key=["HEAD_DIM", "CAUSAL", "L_CLASS"],
                            prune_configs_by={"early_config_prune": prune}, **cache)(fn)
 
 
@@ -149,7 +151,7 @@ def _bh_chunks(B: int, H: int, per_bh: int) -> list[tuple[int, int]]:
 
 def _flags(q, lengths, causal) -> dict:
     return dict(CAUSAL=bool(causal), HAS_LENS=lengths is not None, HEAD_DIM=q.shape[-1], UPCAST=INTERPRET,
-                PREC="ieee" if q.dtype == torch.float32 else "tf32")
+                PREC="ieee" if q.dtype == torch.float32 else "tf32", L_CLASS=token_class(q.shape[2]))
 
 
 def _common(q, k, bias, tau, lengths, scale):
@@ -258,7 +260,7 @@ def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, causal=(True,)):
                             elif arg.endswith("d") and arg.startswith("stride") or arg in ("stride_bw", "stride_tau"):
                                 const[arg] = 1
                             elif arg.startswith("stride") or arg in ("H", "HKV", "L", "W", "GROUPS", "NSEG",
-                                                                      "SEG_OFF", "BH_OFF"):
+                                                                      "SEG_OFF", "BH_OFF", "L_CLASS"):
                                 sig[arg] = "i32"
                                 if arg.startswith("stride") or arg == "L":
                                     div.append(arg)
