@@ -123,3 +123,14 @@ def test_command_line_parsing():
     for bad in (["--backends", "nope"], ["--L", "abc"], ["--D", "attn=64"], ["--ops", "mhc_pre"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+
+
+def test_commit_override(monkeypatch):
+    """$KD_GIT_COMMIT names the commit of a run whose tree is a copy with another .git (a remote GPU machine)."""
+    import torch
+
+    from kernel_dispatch.benchmarks.report import environment
+    monkeypatch.setenv("KD_GIT_COMMIT", "abc1234")
+    assert environment(torch.device("cpu"))["git_commit"] == "abc1234"
+    monkeypatch.delenv("KD_GIT_COMMIT")
+    assert environment(torch.device("cpu"))["git_commit"] != "abc1234"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -52,13 +53,18 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def environment(device: torch.device) -> dict:
-    """Card, driver, CUDA, torch, triton and tilelang versions, date and commit of this run."""
+    """Card, driver, CUDA, torch, triton and tilelang versions, date and commit of this run.
+
+    The commit is ``git rev-parse --short HEAD`` (+dirty with tracked changes), or ``$KD_GIT_COMMIT`` when set:
+    for copies of the tree whose .git is not the tree's (a remote GPU machine's copy, an exported archive)."""
     env = {"device": device.type, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "triton": _version("triton"), "tilelang": _version("tilelang"),
            "kernel_dispatch": kd.__version__, "git_commit": _run(["git", "rev-parse", "--short", "HEAD"])}
     if env["git_commit"] and _run(["git", "status", "--porcelain", "--untracked-files=no"]):
         env["git_commit"] += "+dirty"
+    if os.environ.get("KD_GIT_COMMIT"):
+        env["git_commit"] = os.environ["KD_GIT_COMMIT"]
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(card=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
