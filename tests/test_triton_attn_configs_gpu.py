@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .cases import AttnCase, make_inputs, run, upcast
-from .tolerances import rel_err, tolerance
+from .cases import AttnCase, make_inputs
+from .forced_config import check_right_and_deterministic, force_config
 
 CUDA = torch.cuda.is_available()
 KERNELS = ("fwd", "dq", "dkdv")
@@ -38,26 +38,11 @@ def _params():
     return out
 
 
-_REF: dict = {}
-
-
 @pytest.mark.parametrize("kernel,dtype,D,index", _params())
 def test_each_config_is_right_and_deterministic(kernel, dtype, D, index, monkeypatch):
     from kernel_dispatch.backends.triton import lazy_attention as tk
     config = tk.shipped_configs(kernel, D, dtype)[index]
-    tuner = tk._TUNED[kernel]
-    monkeypatch.setattr(tuner, "configs", [config])
-    monkeypatch.setattr(tuner, "cache", {})
-    monkeypatch.setattr(tuner, "cache_results", False, raising=False)
+    force_config(monkeypatch, tk._TUNED[kernel], config)
     monkeypatch.delenv(tk.CONFIG_ENV, raising=False)
     inp = make_inputs("lazy_attention", _case(D), dtype, "cuda", seed=5)
-    key = (dtype, D)
-    if key not in _REF:
-        _REF[key] = run("lazy_attention", upcast(inp), "golden")
-    first = run("lazy_attention", inp, "triton")
-    again = run("lazy_attention", inp, "triton")
-    for tensor, value in first.items():
-        assert torch.equal(value, again[tensor]), f"{kernel} config {config}: {tensor} differs between two runs"
-        err = rel_err(value, _REF[key][tensor])
-        tol = tolerance("lazy_attention", dtype, tensor)
-        assert err <= tol, f"{kernel} config {config}: {tensor} rel err {err:.3e} > tol {tol:.3e}"
+    check_right_and_deterministic("lazy_attention", inp, dtype, (dtype, D), f"{kernel} config {config}")

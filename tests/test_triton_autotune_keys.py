@@ -21,18 +21,18 @@ def _mhc_tuners():
 
 
 @pytest.mark.parametrize("name", list(_mhc_tuners()))
-def test_mhc_keys_hold_the_token_class(name):
+def test_mhc_keys_hold_the_size_class(name):
     assert "T_CLASS" in _mhc_tuners()[name].keys, f"{name}: autotune key {_mhc_tuners()[name].keys} lacks T_CLASS"
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
-def test_attention_keys_hold_the_length_class(kernel):
+def test_attention_keys_hold_the_size_class(kernel):
     from kernel_dispatch.backends.triton import lazy_attention as tk
     tuner = tk._autotuner(kernel, tk._KERNELS[kernel])  # built here: the interpreter runs untuned
     assert "L_CLASS" in tuner.keys, f"{kernel}: autotune key {tuner.keys} lacks L_CLASS"
 
 
 def test_size_class_is_the_power_of_two_band():
-    from kernel_dispatch.backends.triton._mhc_common import token_class
-    assert [token_class(n) for n in (1, 2, 3, 4, 4095, 4096, 8191, 8192, 16384)] == [1, 2, 2, 3, 12, 13, 13, 14, 15]
-    assert token_class(0) == 1
+    from kernel_dispatch.backends.triton._autotune import size_class
+    assert [size_class(n) for n in (1, 2, 3, 4, 4095, 4096, 8191, 8192, 16384)] == [1, 2, 2, 3, 12, 13, 13, 14, 15]
+    assert size_class(0) == 1

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .cases import MHCCase, make_inputs, run, upcast
-from .tolerances import rel_err, tolerance
+from .cases import MHCCase, make_inputs
+from .forced_config import check_right_and_deterministic, force_config
 
 CUDA = torch.cuda.is_available()
 CASE = MHCCase("configs", lead=(2048,), D=1024)
@@ -43,26 +43,12 @@ def _params():
     return out
 
 
-_REF: dict = {}
-
-
 @pytest.mark.parametrize("name,dtype,index", _params())
 def test_each_config_is_right_and_deterministic(name, dtype, index, monkeypatch):
     from kernel_dispatch.backends.triton._mhc_common import X_KINDS
     kern, configs = _kernels()[name]
     config = configs(X_KINDS[dtype], 4)[index]
-    monkeypatch.setattr(kern, "configs", [config])
-    monkeypatch.setattr(kern, "cache", {})
-    monkeypatch.setattr(kern, "cache_results", False, raising=False)
+    force_config(monkeypatch, kern, config)
     op = "mhc_post" if name.startswith("post") else "mhc_pre"
     inp = make_inputs(op, CASE, dtype, "cuda", seed=11)
-    key = (op, dtype)
-    if key not in _REF:
-        _REF[key] = run(op, upcast(inp), "golden")
-    first = run(op, inp, "triton")
-    again = run(op, inp, "triton")
-    for tensor, value in first.items():
-        assert torch.equal(value, again[tensor]), f"{name} config {config}: {tensor} differs between two runs"
-        err = rel_err(value, _REF[key][tensor])
-        tol = tolerance(op, dtype, tensor)
-        assert err <= tol, f"{name} config {config}: {tensor} rel err {err:.3e} > tol {tol:.3e}"
+    check_right_and_deterministic(op, inp, dtype, dtype, f"{name} config {config}")

@@ -71,11 +71,18 @@ def distance_table_macro(R: int, C: int, causal: bool):
     @T.macro
     def fill(table, Bias, h):
         for x in T.Parallel(distance_table_size(R, C)):
-            W = Bias.shape[1]
             d = x - off
-            b = T.if_then_else(T.And(d >= 0, d < W), Bias[h, T.max(T.min(d, W - 1), 0)] * LOG2E, T.float32(0))
-            table[x] = T.if_then_else(d < 0, -T.infinity("float32"), b) if causal else b
+            table[x] = table_entry(d, d, T.And(d >= 0, d < Bias.shape[1]), Bias, h, causal)
     return fill
+
+
+def table_entry(d, a, in_band, Bias, h, causal: bool):
+    """One bias-table entry (both table kinds): the log2-domain bias Bias[h, a] of signed distance d when
+    ``in_band`` (a = d, or |d| when not causal), 0 outside the band, -inf for d < 0 when causal."""
+    import tilelang.language as T
+
+    b = T.if_then_else(in_band, Bias[h, T.max(T.min(a, Bias.shape[1] - 1), 0)] * LOG2E, T.float32(0))
+    return T.if_then_else(d < 0, -T.infinity("float32"), b) if causal else b
 
 
 def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool):
@@ -101,11 +108,9 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
         def fill(table, d_first, Bias, h):
             """table[t] = log2-domain bias of signed distance d_first + t (-inf for d < 0 when causal)."""
             for t in T.Parallel(R + C - 1):
-                W = Bias.shape[1]
                 d = d_first + t
                 a = d if causal else T.abs(d)
-                b = T.if_then_else(a < W, Bias[h, T.max(T.min(a, W - 1), 0)] * LOG2E, T.float32(0))
-                table[t] = T.if_then_else(d < 0, NEG_INF, b) if causal else b
+                table[t] = table_entry(d, a, a < Bias.shape[1], Bias, h, causal)
 
         @T.macro
         def scores(s, m0, n0, lb, sc2, Bias, h, free, table):

@@ -6,12 +6,13 @@ stream o), as SPEC section 2 writes C[i, o].
 """
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from ._autotune import disk_cache
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 N_STREAMS = (1, 2, 4, 8)
@@ -28,7 +29,7 @@ def autotune(configs, interpret_config, key: list[str]):
     """
     if INTERPRET:
         return triton.autotune([interpret_config], key=key)
-    kwargs = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    kwargs = disk_cache()
     if isinstance(configs, list):
         return triton.autotune(configs, key=key, **kwargs)
     table = {(kind, n): configs(kind, n) for kind in X_KINDS.values() for n in N_STREAMS}
@@ -40,13 +41,6 @@ def autotune(configs, interpret_config, key: list[str]):
         return [c for c in cfgs if id(c) in allowed]
 
     return triton.autotune(union, key=key, prune_configs_by={"early_config_prune": prune}, **kwargs)
-
-
-def token_class(T: int) -> int:
-    """The autotuning class of a size (the mHC token count T, the attention sequence length L): its bit
-    length, so each power-of-two band is tuned once (the best tiles and splits depend on it; an mHC winner
-    picked at T = 4096 ran T = 16384 at 53% of the speed of light instead of 71-73%)."""
-    return max(int(T), 1).bit_length()
 
 
 def check_streams(name: str, x: torch.Tensor) -> tuple[int, int, int]:

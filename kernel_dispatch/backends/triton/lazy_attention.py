@@ -14,15 +14,14 @@ skips tuning and runs config i of each kernel (0: the default; for fast starts).
 """
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
 import triton
 
+from ._autotune import disk_cache, size_class
 from ._lazy_attention_bwd import lazy_attention_bwd_dkdv_kernel, lazy_attention_bwd_dq_kernel
 from ._lazy_attention_fwd import LOG2E, lazy_attention_fwd_kernel
-from ._mhc_common import token_class  # the autotuning class of a size (here the sequence length L)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -81,7 +80,7 @@ def _autotuner(kernel: str, fn):
         allowed = {_config_key(c) for c in shipped_configs(kernel, kwargs["HEAD_DIM"], named_args["Q"].dtype)}
         return [c for c in configs if _config_key(c) in allowed]
 
-    cache = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    cache = disk_cache()
     return triton.autotune(configs=configs, key=["HEAD_DIM", "CAUSAL", "L_CLASS"],
                            prune_configs_by={"early_config_prune": prune}, **cache)(fn)
 
@@ -151,7 +150,7 @@ def _bh_chunks(B: int, H: int, per_bh: int) -> list[tuple[int, int]]:
 
 def _flags(q, lengths, causal) -> dict:
     return dict(CAUSAL=bool(causal), HAS_LENS=lengths is not None, HEAD_DIM=q.shape[-1], UPCAST=INTERPRET,
-                PREC="ieee" if q.dtype == torch.float32 else "tf32", L_CLASS=token_class(q.shape[2]))
+                PREC="ieee" if q.dtype == torch.float32 else "tf32", L_CLASS=size_class(q.shape[2]))
 
 
 def _common(q, k, bias, tau, lengths, scale):

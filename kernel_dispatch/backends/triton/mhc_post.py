@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, check_streams, compile_spec, f32, narrow_strides, token_class
+from ._autotune import size_class
+from ._mhc_common import autotune, check_streams, compile_spec, f32, narrow_strides
 from ._mhc_common import empty as _empty
 
 # BC: 16-byte vectors of D per program and chunk (BC * VEC elements); >= 32 * num_warps, so every
@@ -118,7 +119,7 @@ def forward(f, x, h_post, h_res):
     out = _empty(T, n, D, dtype=x.dtype, device=x.device)
     mhc_post_fwd_kernel[lambda meta: (T * triton.cdiv(D, meta["BC"] * meta["VEC"]),)](
         f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype),
-        T_CLASS=token_class(T))
+        T_CLASS=size_class(T))
     return out
 
 
@@ -135,7 +136,7 @@ def backward(g, f, x, h_post, h_res):
     dh_res = _empty(T, n, n, dtype=f32t, device=dev)
     mhc_post_bwd_kernel[(T,)](g, f, x, f32(h_post), f32(h_res), df, dx, dh_post, dh_res, T, D,
                               *g.stride(), *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype),
-                              T_CLASS=token_class(T))
+                              T_CLASS=size_class(T))
     return df, dx, dh_post.to(h_post.dtype), dh_res.to(h_res.dtype)
 
 

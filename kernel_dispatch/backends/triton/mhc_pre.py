@@ -14,8 +14,8 @@ import torch
 import triton
 
 from ...golden.mhc_pre import check_dx_acc
-from ._mhc_common import (INTERPRET, X_KINDS, check_streams, compile_spec, f32, narrow_strides, pow2_at_least,
-                          token_class)
+from ._autotune import size_class
+from ._mhc_common import INTERPRET, X_KINDS, check_streams, compile_spec, f32, narrow_strides, pow2_at_least
 from ._mhc_common import empty as _empty
 from ._mhc_pre_bwd import (BT_TOKEN, GRAD_INTERPRET_CONFIG, GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN, PARAM_BC, PARAM_WARPS,
                            TOKEN_CONFIGS, grad_configs, mhc_pre_bwd_grad_kernel, mhc_pre_bwd_param_kernel,
@@ -95,7 +95,7 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
     part = _empty(T, splits, ws, dtype=f, device=dev)
     sq = _empty(T, splits, dtype=f, device=dev)
     mhc_pre_fwd_gemm_kernel[lambda meta: (triton.cdiv(T, meta["BT"]), splits)](
-        x, wt, part, sq, T, D, *x.stride(), X_KIND=kind, N=n, WS=ws, WN=wn, T_CLASS=token_class(T))
+        x, wt, part, sq, T, D, *x.stride(), X_KIND=kind, N=n, WS=ws, WN=wn, T_CLASS=size_class(T))
 
     h_pre = _empty(T, n, dtype=f, device=dev)
     h_post = _empty(T, n, dtype=f, device=dev)
@@ -109,7 +109,7 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
 
     h_in = _empty(T, D, dtype=x.dtype, device=dev)
     mhc_pre_fwd_apply_kernel[lambda meta: (triton.cdiv(T, meta["BT"]) * triton.cdiv(D, meta["BH"]),)](
-        x, h_pre, h_in, T, D, *x.stride(), N=n, T_CLASS=token_class(T))
+        x, h_pre, h_in, T, D, *x.stride(), N=n, T_CLASS=size_class(T))
     return h_in, h_post, h_res, z, inv_rms
 
 
@@ -147,7 +147,7 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     mhc_pre_bwd_token_kernel[(blocks,)](
         x, dh_in, f32(dh_post), f32(dh_res), f32(z), f32(inv_rms), alpha32, bias32, gq, coef, h_pre, block_sums,
         scratch, T, D, *x.stride(), *dh_in.stride(), iters, float(post_mult), float(pre_eps), float(sinkhorn_eps),
-        X_KIND=kind, N=n, M=M, MP=mp, BT=BT_TOKEN, T_CLASS=token_class(T))
+        X_KIND=kind, N=n, M=M, MP=mp, BT=BT_TOKEN, T_CLASS=size_class(T))
 
     splits, tps = _grad_splits(T, n, D, dev)
     dx = _empty(T, n, D, dtype=x.dtype, device=dev)
@@ -157,7 +157,7 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     mhc_pre_bwd_grad_kernel[lambda meta: (triton.cdiv(D, meta["BK"] // n), splits)](
         x, dh_in, w, w_lo, gq, coef, h_pre, acc, dx, partial, T, D, tps,
         *x.stride(), *dh_in.stride(), *acc.stride(), X_KIND=kind, HAS_ACC=dx_acc is not None, N=n, M=M, MP=mp,
-        T_CLASS=token_class(T))
+        T_CLASS=size_class(T))
 
     dphi = _empty(M, n * D, dtype=f, device=dev)
     dgamma = _empty(n * D, dtype=f, device=dev) if has_gamma else dphi
