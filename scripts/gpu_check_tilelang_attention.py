@@ -35,7 +35,7 @@ CACHE_TAR = os.path.join(ROOT, ".devcache", "tilelang-attn-cache.tar.xz")
 T0 = time.time()
 DEADLINE = float(os.environ.get("ATTN_CHECK_DEADLINE", "275"))
 BENCH = dict(B=4, H=16, Hkv=16, L=4096, D=128, W=int(os.environ.get("ATTN_BENCH_W", "512")))  # W: bias length
-KERNELS = ("lse", "fwd", "delta", "dq", "dkdv")
+KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
 # tile variants timed on the benchmark shape: (block_m = queries, block_n = keys, threads, stages, ...)
 # On an H200 (2026-11-26) 64-query tiles of 128 threads lost to these on every kernel (lse 0.72-0.82 vs
 # 0.50 ms, fwd 1.58-1.64 vs 0.97, dq 1.98-2.04 vs 1.22, dkdv 2.74-10.1 vs 1.99). Third session, timed in
@@ -46,18 +46,20 @@ KERNELS = ("lse", "fwd", "delta", "dq", "dkdv")
 # rounds, docs/lazy-attention-speed.md): heads-slowest grid order (query blocks of one head side by side), LSE
 # tiles of 192 and 256 queries, 192 x 64 output tiles, and the score GEMM of block k issued async before the
 # exponentials of block k - 1 (LSE 0.447 vs 0.407, output 0.673 vs 0.677): none beat the defaults by more
-# than the run-to-run spread. List new candidates here.
+# than the run-to-run spread. Fifth session (H100): dQ and the row pass in one sweep (dq_delta, 1.30 ms) against
+# the separate row-pass and dQ kernels (0.72 + 0.96 ms), and 256-query LSE tiles (0.367-0.380 vs 0.455-0.470 ms
+# for 128 in two runs), both shipped.
+# List new candidates here.
 VARIANTS = {
-    "lse": [(128, 128, 256, 2), (256, 128, 512, 2)],
+    "lse": [(128, 128, 256, 2), (192, 128, 384, 2), (256, 128, 512, 2)],
     "fwd": [(128, 128, 256, 2)],
-    "delta": [(128, 128, 256, 2)],
-    "dq": [(128, 128, 256, 2)],
-    "dkdv": [(64, 128, 256, 2, False), (64, 128, 256, 3, False)],
+    "dq_delta": [(128, 64, 256, 2), (128, 64, 256, 3)],
+    "dkdv": [(64, 128, 256, 2), (64, 128, 256, 3)],
 }
 # Candidate tile configs, each checked on every small case (the configs of one candidate applied
 # together), timed as a whole op ("tilelang[tag]") and kernel by kernel: {tag: {head_dim: {kernel: config}}}.
 # Lost to the defaults on an H200 (benchmarks.md): dQ accumulated in the dK/dV kernel by TMA reduce-add
-# (dkdv (64, 128, 256, 2, True)), and other dK/dV tiles.
+# (first session; the option is gone since dQ comes with the row pass), and other dK/dV tiles.
 CANDIDATES: dict = {}
 NONDET: dict = {}  # {tag: tensors that candidate does not reproduce bitwise by design}
 # Kernel variants are timed in interleaved rounds: timed one after the other, the first of a list ran up
@@ -288,8 +290,8 @@ def time_kernels():
     lse_p[..., :L] = lse
     delta = torch.zeros(B, H, LP, device="cuda")
     rdiv = torch.zeros(B, H, LP, device="cuda")
-    la.kernel("delta", D, "bfloat16", True, la.CONFIGS[D]["delta"], tgt)(q, k, v, do, bias, tau, lens, lse_p, delta,
-                                                                          rdiv, scale)
+    la.kernel("dq_delta", D, "bfloat16", True, la.CONFIGS[D]["dq_delta"], tgt)(q, k, v, do, o, bias, tau, lens, lse_p,
+                                                                                delta, rdiv, torch.empty_like(q), scale)
 
     def call(name, cfg):
         kern = la.kernel(name, D, "bfloat16", True, cfg, tgt)
@@ -299,22 +301,15 @@ def time_kernels():
         if name == "fwd":
             out = torch.empty_like(q)
             return out, lambda: kern(q, k, v, bias, tau, lens, lse, out, scale)
-        if name == "delta":
-            out, r = torch.zeros(B, H, LP, device="cuda"), torch.zeros(B, H, LP, device="cuda")
-            return out, lambda: kern(q, k, v, do, bias, tau, lens, lse_p, out, r, scale)
-        if name == "dq":
-            out = torch.empty_like(q)
-            return out, lambda: kern(q, k, v, do, bias, tau, lens, lse_p, delta, out, scale)
+        if name == "dq_delta":
+            out, d, r = torch.empty_like(q), torch.zeros(B, H, LP, device="cuda"), torch.zeros(B, H, LP, device="cuda")
+            return out, lambda: kern(q, k, v, do, o, bias, tau, lens, lse_p, d, r, out, scale)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         part = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), device="cuda")
-        with_dq = len(cfg) > 4 and cfg[4]
-        dq_acc = torch.zeros(B, H, L, D, device="cuda") if with_dq else torch.empty(1, 1, 1, D, device="cuda")
 
         def run_dkdv():
             part.zero_()
-            if with_dq:
-                dq_acc.zero_()
-            kern(q, k, v, do, bias, tau, lens, lse_p, delta, inv_i, dk, dv, part, dq_acc, scale)
+            kern(q, k, v, do, bias, tau, lens, lse_p, delta, inv_i, dk, dv, part, scale)
         return dk, run_dkdv
 
     rows = []

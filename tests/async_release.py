@@ -56,3 +56,27 @@ def release_violations(src: str) -> list[str]:
             if any(buf in g for g in in_flight):
                 bad.append(f"consumer line {no}: releases {buf} while a wgmma reading it is in flight: {line.strip()}")
     return bad
+
+
+_ONCE_TMA = re.compile(r"tma_load\([^,]+, mbarrier\[(\d+)\], \(&\(\(\(\w+\*\)(\w+)\)")
+
+
+def reads_before_arrival(src: str) -> list[str]:
+    """Lines of ``src`` that touch a shared buffer after a one-off TMA load into it (constant barrier index)
+    was issued and before any wait on that barrier; [] when there are none."""
+    lines = src.splitlines()
+    bad = []
+    for no, line in enumerate(lines):
+        m = _ONCE_TMA.search(line)
+        if not m:
+            continue
+        bar, buf = m.groups()
+        use = re.compile(rf"\(\w+\*\){buf}\)")
+        for later_no in range(no + 1, len(lines)):
+            later = lines[later_no]
+            if f"mbarrier[{bar}].wait(" in later:
+                break
+            if use.search(later) and "tma_load" not in later and "initialize_wgmma_descriptor" not in later:
+                bad.append(f"line {later_no + 1}: touches {buf} before mbarrier[{bar}] says its TMA load "
+                           f"arrived: {later.strip()[:120]}")
+    return bad

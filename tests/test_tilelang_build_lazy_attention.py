@@ -15,14 +15,14 @@ import pytest
 
 from kernel_dispatch.backends.tilelang import _build
 
-from .async_release import release_violations
+from .async_release import reads_before_arrival, release_violations
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None,
                                 reason="tilelang is not installed (it is Linux-only)")
 
 # (kernel, causal): the row-major forward kernels share one mask path, so their non-causal build is
 # covered by lse; the backward kernels each get both.
-BUILDS = [("lse", True), ("lse", False), ("fwd", True), ("delta", True), ("dq", False), ("dkdv", True),
+BUILDS = [("lse", True), ("lse", False), ("fwd", True), ("dq_delta", True), ("dq_delta", False), ("dkdv", True),
           ("dkdv", False)]
 
 
@@ -46,6 +46,7 @@ def test_factory_builds_cubin_for_sm90a(name, causal, toolkit, tmp_path, monkeyp
     assert "wgmma" in src, f"{name}: no wgmma in the sm_90a source (the Hopper GEMM path was not taken)"
     assert "tma_load" in src, f"{name}: no TMA load in the sm_90a source"
     assert not release_violations(src), f"{name}: " + "; ".join(release_violations(src))
+    assert not reads_before_arrival(src), f"{name}: " + "; ".join(reads_before_arrival(src))
     cubins = glob.glob(os.path.join(str(tmp_path), "**", "*.cubin"), recursive=True)
     assert cubins, f"{name}: no cubin written under {tmp_path}"
     with open(cubins[0], "rb") as f:
@@ -80,6 +81,37 @@ def test_release_check_catches_a_release_before_the_wait():
     fixed = _EARLY_RELEASE.replace("      mbarrier[((k_1 & 1) + 4)].arrive();\n      tl::wait_wgmma<0>();\n",
                                    "      tl::wait_wgmma<0>();\n      mbarrier[((k_1 & 1) + 4)].arrive();\n")
     assert fixed != _EARLY_RELEASE and release_violations(fixed) == []
+
+
+# A prologue TileLang produced for a row dot product over a TMA-loaded tile (trimmed sm_90a output): the
+# elementwise read of dO_s comes before any wait on dO_s's barrier, mbarrier[9].
+_EARLY_READ = """
+  if (tl::tl_shuffle_elect<384>()) {
+    mbarrier[9].arrive_and_expect_tx(32768);
+    tl::tma_load(dO_desc, mbarrier[9], (&(((bfloat16_t*)dO_s)[(i_2 * 8192)])), (i_2 * 64), 0, 0, 0);
+  }
+  __syncthreads();
+  if (128 <= ((int)threadIdx.x)) {
+      *(uint1*)(dO_s_local_cast + 0) = *(uint1*)(((bfloat16_t*)dO_s) + (((int)threadIdx.x) * 2));
+  }
+  if (((int)threadIdx.x) < 128) {
+    tl::warpgroup_reg_dealloc<24>();
+  } else {
+    tl::warpgroup_reg_alloc<240>();
+    for (int k_1 = 0; k_1 < n; ++k_1) {
+      if (k_1 == 0) {
+        mbarrier[9].wait(0);
+      }
+      tl::initialize_wgmma_descriptor<1, 1, 64>(desc_a, (&(((bfloat16_t*)dO_s)[0])));
+"""
+
+
+def test_arrival_check_catches_a_read_before_the_wait():
+    bad = reads_before_arrival(_EARLY_READ)
+    assert len(bad) == 1 and "touches dO_s" in bad[0]
+    lines = _EARLY_READ.splitlines()
+    fixed = "\n".join(ln for ln in lines if "dO_s_local_cast" not in ln)
+    assert fixed != _EARLY_READ and reads_before_arrival(fixed) == []
 
 
 @pytest.mark.parametrize("R,C", [(128, 128), (64, 128), (128, 64), (192, 64), (192, 128), (256, 128), (96, 128)])

@@ -11,6 +11,8 @@ import struct
 
 import pytest
 
+from .async_release import reads_before_arrival
+
 EM_CUDA = 190
 D, K = 4096, 4 * 4096
 HP = (20, 2.0, 1e-6, 1e-6, 1e-6)  # sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps
@@ -68,6 +70,7 @@ def test_mhc_kernel_builds_for_sm90a(name):
     kern = compile_mhc(factory())  # raises (naming the missing package) when no nvcc is found
     src = kern.get_kernel_source()
     assert "__global__" in src
+    assert not reads_before_arrival(src), f"{name}: " + "; ".join(reads_before_arrival(src))
     if uses_wgmma:
         assert "wgmma" in src and "tma_load" in src, f"{name}: expected the sm_90a wgmma/TMA path"
     path = getattr(kern, "_tilelang_cache_path", None)

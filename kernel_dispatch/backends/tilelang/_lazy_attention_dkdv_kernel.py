@@ -7,8 +7,7 @@ in a fixed order, every query head of its group and every query block that sees 
     A^T = relu(P + tau/i)^T re-masked,   dV += A^T @ dO
     dS^T = (P (Mk dA - Delta))^T,        dK += dS^T @ Q     (times scale at the end)
 
-so GQA heads sum into dK, dV without atomics (``with_dq`` also adds dS @ K of each tile into an
-fp32 dQ accumulator by TMA reduce-add). Tiles within the bias band also add their
+so GQA heads sum into dK, dV without atomics. Tiles within the bias band also add their
 diagonal sums of dS into Partial[b, h, key block, t] (t = distance); each distance is owned by
 one thread slot and tiles come in a fixed order, so dbias = Partial.sum((0, 2)) is bitwise
 reproducible.
@@ -29,19 +28,17 @@ from ._lazy_attention_tiles import LOG2E, is_free_tile, one_key_probs_macro, sco
 
 @functools.lru_cache(maxsize=None)
 def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: int = 128, threads: int = 256,
-          num_stages: int = 2, with_dq: bool = False, with_dbias: bool = True):
+          num_stages: int = 2, with_dbias: bool = True):
     """The dK/dV ``T.prim_func`` (block_m queries x block_n keys per tile); parameters: Q, K, V, dO,
-    Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, dQacc, scale. With ``with_dq`` each tile also
-    adds its dS @ K into dQacc [B, H, L, D] fp32 (zero-initialised; TMA reduce-add, so dQ's summation
-    order varies between runs; dQ = scale * dQacc); without, dQacc is not touched (pass any
-    [1, 1, 1, head_dim] fp32 tensor). ``with_dbias=False`` leaves Partial alone (timing experiments only)."""
+    Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, scale. ``with_dbias=False`` leaves Partial alone
+    (timing experiments only)."""
     import_tilelang()
     import tilelang.language as T
 
     D, BM, BN, NS = head_dim, block_m, block_n, threads
     assert BM % 2 == 0, "block_m must be even"
     f32 = "float32"
-    B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP, BQ, HQ, LQ")
+    B, H, Hkv, L, LP, W, NKB, WP = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP")
     scores = score_macro(BN, BM, causal, transposed=True, mask_rows=True)
     one_key_probs = one_key_probs_macro(BN, BM, causal)
 
@@ -60,7 +57,6 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
         dK: T.Tensor([B, Hkv, L, D], dtype),
         dV: T.Tensor([B, Hkv, L, D], dtype),
         Partial: T.Tensor([B, H, NKB, WP], f32),
-        dQacc: T.Tensor([BQ, HQ, LQ, D], f32),
         scale: T.float32,
     ):
         with T.Kernel(Hkv, B, T.ceildiv(L, BN), threads=threads) as (by, bz, bx):
@@ -82,10 +78,6 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
             diag = T.alloc_fragment([NS], f32)
             diag2 = T.alloc_fragment([NS], f32)
             prev = T.alloc_fragment([NS], f32)
-            if with_dq:
-                dsT_s = T.alloc_shared([BN, BM], dtype)
-                acc_dq = T.alloc_fragment([BM, D], f32)
-                dq_s = T.alloc_shared([BM, D], f32)
             table = T.alloc_shared([BN + BM - 1], f32)  # the diagonals' bias of a band tile
             d0 = T.alloc_var(T.int32)
             hv = T.alloc_var(T.int32)
@@ -136,11 +128,6 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                     dsT_cast[i, j] = sT[i, j]
                 T.gemm(aT_cast, dO_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dsT_cast, Q_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                if with_dq:
-                    T.copy(dsT_cast, dsT_s)
-                    T.gemm(dsT_s, K_s, acc_dq, transpose_A=True, clear_accum=True)
-                    T.copy(acc_dq, dq_s)
-                    T.atomic_add(dQacc[bz, hv, m0v:m0v + BM, :], dq_s, use_tma=True)
 
                 if with_dbias:
                     # dbias: diagonal sums of dS over the distances t < W that this tile holds. Key row i,

@@ -1,12 +1,11 @@
 """TileLang lazy attention (SPEC section 1): launchers with the golden signatures.
 
 Forward, two kernels: the row log-sum-exp (``_lazy_attention_lse_kernel``), then
-O = relu(P + tau/i) @ V (``_lazy_attention_fwd_kernel``). Backward, three kernels: the row pass
-Delta = sum_n P Mk dA and (1/i) sum_n Mk dA (``_lazy_attention_delta_kernel``), dQ
-(``_lazy_attention_dq_kernel``, a query-major loop, no atomics), and dK, dV plus per-key-block
-dbias partials (``_lazy_attention_dkdv_kernel``, key-major, GQA heads summed in the CTA; a tile
-config may instead have it accumulate dQ by TMA reduce-add, replacing the dq kernel).
-dbias and dtau are fixed-order sums of those partials, so they are bitwise reproducible.
+O = relu(P + tau/i) @ V (``_lazy_attention_fwd_kernel``). Backward, two kernels: a query-major
+sweep giving dQ together with the row sums Delta = sum_n P Mk dA and (1/i) sum_n Mk dA
+(``_lazy_attention_dq_delta_kernel``, no atomics), then dK, dV plus per-key-block dbias partials
+(``_lazy_attention_dkdv_kernel``, key-major, GQA heads summed in the CTA). dbias and dtau are
+fixed-order sums of those partials, so they are bitwise reproducible.
 
 Inputs may have any strides: q, k, v and dO are made contiguous here (a copy when they are not);
 fp16 and bf16 only (TileLang's fp32 GEMM runs in TF32, below the fp32 contract), head dims 64
@@ -21,26 +20,25 @@ import functools
 import torch
 
 from . import _build
-from . import _lazy_attention_delta_kernel as _delta_k
 from . import _lazy_attention_dkdv_kernel as _dkdv_k
-from . import _lazy_attention_dq_kernel as _dq_k
+from . import _lazy_attention_dq_delta_kernel as _dq_delta_k
 from . import _lazy_attention_fwd_kernel as _fwd_k
 from . import _lazy_attention_lse_kernel as _lse_k
 
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 HEAD_DIMS = (64, 128)
-FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "delta": _delta_k.build, "dq": _dq_k.build,
-             "dkdv": _dkdv_k.build}
+FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "dq_delta": _dq_delta_k.build, "dkdv": _dkdv_k.build}
 
-# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim; dkdv's fifth entry
-# says whether it also accumulates dQ (TMA reduce-add into fp32) instead of the separate dq kernel.
-# Timed on an H200 (bf16, causal, B=4, H=16, L=4096, D=128): these beat 64-key row tiles, dkdv with
-# 32 queries, and the dQ-in-dkdv variant (scripts/gpu_check_tilelang_attention.py).
+# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim. Timed on an H200 and
+# an H100 (bf16, causal, B=4, H=16, L=4096, D=128; scripts/gpu_check_tilelang_attention.py): these beat
+# 64-key row tiles, dkdv with 32 queries, dQ accumulated in dkdv, and (dq_delta, whose two fp32
+# accumulators need 64-key tiles to stay in registers) the separate row-pass and dQ kernels it replaced.
+# The LSE kernel runs 256 queries per CTA (4 consumer warpgroups): 0.38 vs 0.47 ms for 128 on an H100.
 CONFIGS = {
-    64: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
-         "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False)},
-    128: {"lse": (128, 128, 256, 2), "fwd": (128, 128, 256, 2), "delta": (128, 128, 256, 2),
-          "dq": (128, 128, 256, 2), "dkdv": (64, 128, 256, 2, False)},
+    64: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "dq_delta": (128, 64, 256, 2),
+         "dkdv": (64, 128, 256, 2)},
+    128: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "dq_delta": (128, 64, 256, 2),
+          "dkdv": (64, 128, 256, 2)},
 }
 
 
@@ -95,8 +93,8 @@ def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
 def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
     """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau).
 
-    do [B, H, L, D] (any strides), the forward's inputs and its residuals o, lse [B, H, L];
-    ``o`` is not needed (Delta is summed from the scores). See SPEC section 1.
+    do [B, H, L, D] (any strides), the forward's inputs and its residuals o [B, H, L, D] (q's dtype;
+    dO . O is the dQ sweep's first estimate of Delta) and lse [B, H, L]. See SPEC section 1.
     """
     _check(q)
     B, H, L, D = q.shape
@@ -118,22 +116,13 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
         inv_i[:, :L] = (1.0 / lens.to(torch.float32))[:, None]
     dk = torch.empty_like(kc)
     dv = torch.empty_like(vc)
-    cfg = CONFIGS[D]["dkdv"]
-    dq_in_dkdv = len(cfg) > 4 and cfg[4]
     dq = torch.empty_like(qc)
-    dq_acc = torch.zeros(B, H, L, D, dtype=torch.float32, device=dev) if dq_in_dkdv else \
-        torch.empty(1, 1, 1, D, dtype=torch.float32, device=dev)
-    partial = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), dtype=torch.float32, device=dev)
+    partial = torch.zeros(B, H, -(-L // CONFIGS[D]["dkdv"][1]), min(W, L), dtype=torch.float32, device=dev)
+    oc = o.to(q.dtype).contiguous()
     s = float(scale)
     with torch.cuda.device(dev):
-        _kernel("delta", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, rdiv, s)
-        if not dq_in_dkdv:
-            _kernel("dq", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, dq, s)
-        _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial,
-                                   dq_acc, s)
-    if dq_in_dkdv:
-        torch.mul(dq_acc, s, out=dq_acc)
-        dq.copy_(dq_acc)
+        _kernel("dq_delta", q, causal)(qc, kc, vc, doc, oc, bias32, tau32, lens, lse_p, delta, rdiv, dq, s)
+        _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial, s)
     dbias = torch.zeros(H, W, dtype=torch.float64, device=dev)
     dbias[:, :partial.shape[-1]] = partial.double().sum((0, 2))
     dtau = rdiv.double().sum((0, 2))

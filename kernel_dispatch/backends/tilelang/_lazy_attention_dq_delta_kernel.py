@@ -1,16 +1,23 @@
-"""TileLang kernel factory: the lazy attention backward's row pass, Delta and the dtau terms.
+"""TileLang kernel factory: the lazy attention backward's dQ together with its row pass (Delta, dtau terms).
 
-One CTA per (query block, head, batch) walks the visible key blocks, recomputes
-P = exp(S - LSE), the mask Mk = [P + tau/i > 0] (re-masked), dA = dO . V^T, and sums per row
+dS = P (Mk dA - Delta) needs Delta[m] = sum_n P Mk dA, which is known only after the whole row. For any
+row constant D0, dQ_m = sum_n P (Mk dA - D0) k_n - (Delta - D0) sum_n P k_n, so one sweep over the keys
+accumulates, per query block,
 
-    Delta[m] = sum_n P[m, n] Mk[m, n] dA[m, n]        (SPEC: sum_n P dP)
-    Rdiv[m]  = (1 / i) sum_n Mk[m, n] dA[m, n]         (dtau[h] = sum over b, m of Rdiv)
+    X = sum_n P (Mk dA - D0) k_n,   Y = sum_n P k_n,   Delta = sum_n P Mk dA,   R = sum_n Mk dA
 
-straight from the scores, so O is not needed. Rows past lengths[b] get zeros.
+with D0 = dO . O (the stored output, in q's dtype), and ends with dQ = scale (X - (Delta - D0) Y). That is
+4 GEMMs and one exponential pass per tile where a separate row pass and dQ sweep take 5 and two. Delta and
+Rdiv = R / i go out for the dK/dV kernel and dtau. Rows past lengths[b] get zeros.
 
-Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H]
-fp32; Lens [B] int32; LSE [B, H, LP] fp32 (LP >= L, the backward's padded row length).
-Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched). B, H, Hkv, L, LP, W are symbolic.
+Precision: Delta - D0 = -(tau/i) R + dO . (O_exact - O), so X and Y round terms of the size of the tau term
+to q's dtype before they cancel, where the two-kernel form rounds dS itself. Within the rounding tolerance
+everywhere (tests/tolerances.py). Rows with a single visible key, where dS is exactly 0 but X - (Delta - D0) Y
+would leave a rounding of (tau dA) k, get dQ = 0 exactly.
+
+Layout: Q, dO, O [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H] fp32;
+Lens [B] int32; LSE [B, H, LP] fp32 (LP >= L). Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched),
+dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
 """
 
 import functools
@@ -21,9 +28,10 @@ from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 128, threads: int = 256,
+def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 64, threads: int = 256,
           num_stages: int = 2):
-    """The row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, Delta, Rdiv, scale."""
+    """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, O, Bias, Tau, Lens, LSE, Delta,
+    Rdiv, dQ, scale."""
     import_tilelang()
     import tilelang.language as T
 
@@ -35,17 +43,19 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
     one_key_rows = one_key_rows_macro(BM, BN, causal)
 
     @T.prim_func
-    def lazy_attention_bwd_delta(
+    def lazy_attention_bwd_dq_delta(
         Q: T.Tensor([B, H, L, D], dtype),
         K: T.Tensor([B, Hkv, L, D], dtype),
         V: T.Tensor([B, Hkv, L, D], dtype),
         dO: T.Tensor([B, H, L, D], dtype),
+        O: T.Tensor([B, H, L, D], dtype),
         Bias: T.Tensor([H, W], f32),
         Tau: T.Tensor([H], f32),
         Lens: T.Tensor([B], "int32"),
         LSE: T.Tensor([B, H, LP], f32),
         Delta: T.Tensor([B, H, LP], f32),
         Rdiv: T.Tensor([B, H, LP], f32),
+        dQ: T.Tensor([B, H, L, D], dtype),
         scale: T.float32,
     ):
         with T.Kernel(H, B, T.ceildiv(L, BM), threads=threads) as (by, bz, bx):
@@ -53,11 +63,17 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             dO_s = T.alloc_shared([BM, D], dtype)
             K_s = T.alloc_shared([BN, D], dtype)
             V_s = T.alloc_shared([BN, D], dtype)
+            d0_s = T.alloc_shared([BM], f32)
             s = T.alloc_fragment([BM, BN], f32)
             dp = T.alloc_fragment([BM, BN], f32)
+            g_cast = T.alloc_fragment([BM, BN], dtype)
+            p_cast = T.alloc_fragment([BM, BN], dtype)
+            acc_x = T.alloc_fragment([BM, D], f32)
+            acc_y = T.alloc_fragment([BM, D], f32)
             lse2 = T.alloc_fragment([BM], f32)
             inv_i = T.alloc_fragment([BM], f32)
             thr = T.alloc_fragment([BM], f32)
+            d0 = T.alloc_fragment([BM], f32)
             r_acc = T.alloc_fragment([BM], f32)
             d_acc = T.alloc_fragment([BM], f32)
             r_blk = T.alloc_fragment([BM], f32)
@@ -76,12 +92,19 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             fill_table(table, Bias, by)
             T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
+            for i, j in T.Parallel(BM, D):
+                acc_y[i, j] = T.Cast(f32, dO[bz, by, m0 + i, j]) * T.Cast(f32, O[bz, by, m0 + i, j])
+            T.reduce_sum(acc_y, tmp, dim=1)
+            T.copy(tmp, d0_s)  # through shared memory: the sweep's row vectors take the GEMM's row layout
+            T.copy(d0_s, d0)
             for i in T.Parallel(BM):
                 lse2[i] = lse2[i] * LOG2E
                 inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
                 thr[i] = tau * inv_i[i]
             T.fill(r_acc, 0)
             T.fill(d_acc, 0)
+            T.clear(acc_x)
+            T.clear(acc_y)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
                 T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
                 T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
@@ -96,14 +119,23 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                     s[i, j] = T.exp2(s[i, j] - lse2[i])
                 T.reduce_sum(dp, r_blk, dim=1)
                 for i, j in T.Parallel(BM, BN):
-                    s[i, j] = s[i, j] * dp[i, j]
-                T.reduce_sum(s, d_blk, dim=1)
+                    g_cast[i, j] = s[i, j] * (dp[i, j] - d0[i])
+                    p_cast[i, j] = s[i, j]
+                    dp[i, j] = s[i, j] * dp[i, j]
+                T.reduce_sum(dp, d_blk, dim=1)
                 for i in T.Parallel(BM):
                     r_acc[i] = r_acc[i] + r_blk[i]
                     d_acc[i] = d_acc[i] + d_blk[i]
+                T.gemm(g_cast, K_s, acc_x, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(p_cast, K_s, acc_y, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(BM, D):
+                # a row with one visible key has dS = 0 exactly; X and (Delta - D0) Y would leave a rounding
+                one = T.Or(m0 + i == 0, lb == 1) if causal else (lb == 1)
+                acc_x[i, j] = T.if_then_else(one, T.float32(0), (acc_x[i, j] - (d_acc[i] - d0[i]) * acc_y[i, j]) * scale)
             for i in T.Parallel(BM):
                 r_acc[i] = r_acc[i] * inv_i[i]
             T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
             T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
+            T.copy(acc_x, dQ[bz, by, m0:m0 + BM, :])
 
-    return lazy_attention_bwd_delta
+    return lazy_attention_bwd_dq_delta
