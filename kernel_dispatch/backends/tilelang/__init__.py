@@ -20,14 +20,16 @@ CAPABILITIES = {
                                          "10.3 ms)"),
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
-                                  "first in auto: faster than Triton, forward and fwd+bwd, on every benchmarked "
-                                  "shape but one: the mHC block's fwd+bwd at T=16384, D=2560 (1.93 +-10% vs 1.78 ms, "
-                                  "H100; 1.61 vs 2.07 ms in the run before)"),
+                                  "first in auto: faster than Triton on the mHC block's fwd+bwd at every benchmarked "
+                                  "shape and on every forward from 1 ms up (H100); below 1 ms the block's times vary "
+                                  "up to 2x between runs and Triton led one forward (T=16384, D=1280: 0.50 vs 0.60 "
+                                  "ms)"),
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H100, commit ad32c79) shows TileLang faster on every forward and on every
-# fwd+bwd but one (mHC, named in the mhc_pre notes); the H200 run of f0a2621 had one slower lazy attention forward.
+# Above Triton (20): docs/benchmarks.md (H100, commit f3284e8) shows TileLang faster on every lazy attention shape and
+# every mHC fwd+bwd, with one sub-millisecond mHC forward behind (named in the mhc_pre notes); the H200 run of
+# f0a2621 had one slower lazy attention forward.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
 
