@@ -27,9 +27,9 @@ CAPABILITIES = {
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H100, commit f3284e8) shows TileLang faster on every lazy attention shape and
-# every mHC fwd+bwd, with one sub-millisecond mHC forward behind (named in the mhc_pre notes); the H200 run of
-# f0a2621 had one slower lazy attention forward.
+# Above Triton (20): docs/benchmarks.md (H100, commits 844530c and f3284e8) shows TileLang faster on every lazy
+# attention shape and every mHC fwd+bwd, with one sub-millisecond mHC forward behind (named in the mhc_pre notes);
+# the H200 run of f0a2621 had one slower lazy attention forward.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
 
