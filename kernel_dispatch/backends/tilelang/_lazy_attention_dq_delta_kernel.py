@@ -24,7 +24,7 @@ import functools
 
 from ._build import import_tilelang
 from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile,
-                                    key_blocks, one_key_rows_macro, score_macro)
+                                    is_one_key_row, key_blocks, one_key_rows_macro, score_macro)
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +133,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 T.gemm(p_cast, K_s, acc_y, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):
                 # a row with one visible key has dS = 0 exactly; X and (Delta - D0) Y would leave a rounding
-                one = T.Or(m0 + i == 0, lb == 1) if causal else (lb == 1)
+                one = is_one_key_row(m0 + i, lb, causal)
                 acc_x[i, j] = T.if_then_else(one, T.float32(0), (acc_x[i, j] - (d_acc[i] - d0[i]) * acc_y[i, j]) * scale)
             for i in T.Parallel(BM):
                 r_acc[i] = r_acc[i] * inv_i[i]

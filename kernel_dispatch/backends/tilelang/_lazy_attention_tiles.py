@@ -172,10 +172,10 @@ def one_key_rows_macro(R: int, C: int, causal: bool):
 
     @T.macro
     def fix(s, lse2, m0, n0, lb, tmp):
-        if T.And(n0 == 0, _holds_one_key_row(m0, lb, causal)):
+        if T.And(n0 == 0, is_one_key_row(m0, lb, causal)):  # only a block's first row can be one
             T.reduce_max(s, tmp, dim=1)
             for i in T.Parallel(R):
-                one = T.Or(m0 + i == 0, lb == 1) if causal else (lb == 1)
+                one = is_one_key_row(m0 + i, lb, causal)
                 lse2[i] = T.if_then_else(T.And(one, tmp[i] > -T.infinity("float32")), tmp[i], lse2[i])
     return fix
 
@@ -189,15 +189,15 @@ def one_key_probs_macro(R: int, C: int, causal: bool):
 
     @T.macro
     def fix(sT, pT, m0, n0, lb):
-        if T.And(n0 == 0, _holds_one_key_row(m0, lb, causal)):
+        if T.And(n0 == 0, is_one_key_row(m0, lb, causal)):  # only a block's first row can be one
             for i, j in T.Parallel(R, C):
-                one = T.Or(m0 + j == 0, lb == 1) if causal else (lb == 1)
+                one = is_one_key_row(m0 + j, lb, causal)
                 pT[i, j] = T.if_then_else(T.And(one, sT[i, j] > -T.infinity("float32")), T.float32(1), pT[i, j])
     return fix
 
 
-def _holds_one_key_row(m0, lb, causal: bool):
-    """Whether query block m0 may hold a row with one visible key (its first key block is key 0)."""
+def is_one_key_row(m, lb, causal: bool):
+    """Whether query row m of a sequence of length lb sees exactly one key (i = 1: causal row 0, or lb == 1)."""
     import tilelang.language as T
 
-    return T.Or(m0 == 0, lb == 1) if causal else (lb == 1)
+    return T.Or(m == 0, lb == 1) if causal else (lb == 1)
