@@ -113,16 +113,22 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                 m0v = m0
                 T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                scores(sT, m0v, n0, lb, sc2, Bias, hv, is_free_tile(m0v, n0, BM, BN, lb, W, True), table)
                 tau = Tau[hv]
-                for i, j in T.Parallel(BN, BM):
-                    pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked
-                one_key_probs(sT, pT, m0v, n0, lb)
-                for i, j in T.Parallel(BN, BM):
-                    # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
-                    keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
-                    aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))
-                    dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
+                if is_free_tile(m0v, n0, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
+                    for i, j in T.Parallel(BN, BM):
+                        pT[i, j] = T.exp2(sT[i, j] * sc2 - lse_s[j] * LOG2E)
+                        aT_cast[i, j] = T.max(pT[i, j] + tau * inv_s[j], T.float32(0))
+                        dpT[i, j] = T.if_then_else(pT[i, j] + tau * inv_s[j] > 0, dpT[i, j], T.float32(0))
+                else:
+                    scores(sT, m0v, n0, lb, sc2, Bias, hv, table)
+                    for i, j in T.Parallel(BN, BM):
+                        pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked
+                    one_key_probs(sT, pT, m0v, n0, lb)
+                    for i, j in T.Parallel(BN, BM):
+                        # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
+                        keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
+                        aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))
+                        dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
                 for i, j in T.Parallel(BN, BM):
                     sT[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS
                     dsT_cast[i, j] = sT[i, j]

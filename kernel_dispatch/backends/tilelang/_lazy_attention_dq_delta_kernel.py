@@ -113,13 +113,18 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                     T.clear(acc_y)  # the temporary goes back to being Y
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, True), table)
-                one_key_rows(s, lse2, m0, k * BN, lb, tmp)
-                for i, j in T.Parallel(BM, BN):
-                    # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
-                    dp[i, j] = T.if_then_else(T.And(s[i, j] > -T.infinity(f32), T.exp2(s[i, j] - lse2[i]) + thr[i] > 0),
-                                              dp[i, j], T.float32(0))
-                    s[i, j] = T.exp2(s[i, j] - lse2[i])
+                if is_free_tile(m0, k * BN, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
+                    for i, j in T.Parallel(BM, BN):
+                        s[i, j] = T.exp2(s[i, j] * sc2 - lse2[i])
+                        dp[i, j] = T.if_then_else(s[i, j] + thr[i] > 0, dp[i, j], T.float32(0))
+                else:
+                    scores(s, m0, k * BN, lb, sc2, Bias, by, table)
+                    one_key_rows(s, lse2, m0, k * BN, lb, tmp)
+                    for i, j in T.Parallel(BM, BN):
+                        # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
+                        dp[i, j] = T.if_then_else(T.And(s[i, j] > -T.infinity(f32), T.exp2(s[i, j] - lse2[i]) + thr[i] > 0),
+                                                  dp[i, j], T.float32(0))
+                        s[i, j] = T.exp2(s[i, j] - lse2[i])
                 T.reduce_sum(dp, r_blk, dim=1)
                 for i, j in T.Parallel(BM, BN):
                     g_cast[i, j] = s[i, j] * (dp[i, j] - d0[i])

@@ -61,11 +61,19 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             for k in T.Pipelined(T.ceildiv(key_end(m0, lb, BM, causal), BN), num_stages=num_stages):
                 T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                scores(s, m0, k * BN, lb, sc2, Bias, by, is_free_tile(m0, k * BN, BM, BN, lb, W, False), table)
                 T.copy(row_max, row_max_prev)
-                T.reduce_max(s, row_max, dim=1, clear=False)
-                for i, j in T.Parallel(BM, BN):
-                    s[i, j] = T.exp2(s[i, j] - row_max[i])
+                if T.And(is_free_tile(m0, k * BN, BM, BN, lb, W, False), sc2 > 0):
+                    # the max of the raw products, scaled once per row; the scale folds into the exponent's FMA
+                    T.reduce_max(s, row_sum, dim=1)
+                    for i in T.Parallel(BM):
+                        row_max[i] = T.max(row_max[i], row_sum[i] * sc2)
+                    for i, j in T.Parallel(BM, BN):
+                        s[i, j] = T.exp2(s[i, j] * sc2 - row_max[i])
+                else:
+                    scores(s, m0, k * BN, lb, sc2, Bias, by, table)
+                    T.reduce_max(s, row_max, dim=1, clear=False)
+                    for i, j in T.Parallel(BM, BN):
+                        s[i, j] = T.exp2(s[i, j] - row_max[i])
                 T.reduce_sum(s, row_sum, dim=1)
                 for i in T.Parallel(BM):
                     denom[i] = denom[i] * T.exp2(row_max_prev[i] - row_max[i]) + row_sum[i]

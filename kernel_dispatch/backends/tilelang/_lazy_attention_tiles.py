@@ -3,7 +3,8 @@
 Every kernel turns a raw tile of q.k products into log2-domain scores
 ``s2 = (scale * q.k + bias[dist]) * log2(e)`` with masked entries at -inf. A tile is
 "free" when no entry needs a mask or a bias (every distance >= W, every key and row valid);
-free tiles skip the per-element index work. ``transposed`` tiles are [keys, queries].
+free tiles skip the per-element index work and fold the scale into their exponentials.
+``transposed`` tiles are [keys, queries].
 """
 from __future__ import annotations
 
@@ -86,16 +87,16 @@ def table_entry(d, a, in_band, Bias, h, causal: bool):
 
 
 def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool):
-    """A macro ``scores(s, m0, n0, lb, sc2, Bias, h, free, table)`` rewriting fragment ``s`` [R, C] in place.
+    """A macro ``scores(s, m0, n0, lb, sc2, Bias, h, table)`` rewriting fragment ``s`` [R, C] in place, for
+    tiles that are not free (:func:`is_free_tile`; free tiles fold the scale into their exponentials instead).
 
     Not transposed: s[i, j] is query m0 + i, key n0 + j. Transposed: s[i, j] is key n0 + i,
     query m0 + j. Masked entries (future keys when causal, keys >= lb, and rows >= lb when
     ``mask_rows``) become -inf; the bias applies at distance m - n (|m - n| when not causal) < W.
-    Free tiles only scale. Tiles inside the sequence (no key or row past lb) that need a bias or the causal
-    mask read both from ``table``: not transposed, the whole-sweep distance table of
-    :func:`distance_table_macro` (when W <= DIST_TABLE); transposed, a shared [R + C - 1] fp32 buffer the
-    macro fills per tile with the bias of each of the tile's diagonals (the dK/dV kernel changes query head
-    within its sweep). Other tiles take the per-element path.
+    Tiles inside the sequence (no key or row past lb) read bias and causal mask from ``table``: not
+    transposed, the whole-sweep distance table of :func:`distance_table_macro` (when W <= DIST_TABLE);
+    transposed, a shared [R + C - 1] fp32 buffer the macro fills per tile with the bias of each of the tile's
+    diagonals (the dK/dV kernel changes query head within its sweep). Other tiles take the per-element path.
     """
     import tilelang.language as T
 
@@ -113,11 +114,8 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
                 table[t] = table_entry(d, a, a < Bias.shape[1], Bias, h, causal)
 
         @T.macro
-        def scores(s, m0, n0, lb, sc2, Bias, h, free, table):
-            if free:
-                for i, j in T.Parallel(R, C):
-                    s[i, j] = s[i, j] * sc2
-            elif T.And(n0 + R <= lb, m0 + C <= lb):
+        def scores(s, m0, n0, lb, sc2, Bias, h, table):
+            if T.And(n0 + R <= lb, m0 + C <= lb):
                 fill(table, m0 - n0 - (R - 1), Bias, h)  # d = m - n = (m0 - n0) + j - i
                 for i, j in T.Parallel(R, C):
                     s[i, j] = s[i, j] * sc2 + table[j - i + (R - 1)]
@@ -133,11 +131,8 @@ def score_macro(R: int, C: int, causal: bool, transposed: bool, mask_rows: bool)
         return scores
 
     @T.macro
-    def scores(s, m0, n0, lb, sc2, Bias, h, free, table):
-        if free:
-            for i, j in T.Parallel(R, C):
-                s[i, j] = s[i, j] * sc2
-        elif T.And(T.And(n0 + C <= lb, m0 + R <= lb) if mask_rows else (n0 + C <= lb), Bias.shape[1] <= DIST_TABLE):
+    def scores(s, m0, n0, lb, sc2, Bias, h, table):
+        if T.And(T.And(n0 + C <= lb, m0 + R <= lb) if mask_rows else (n0 + C <= lb), Bias.shape[1] <= DIST_TABLE):
             for i, j in T.Parallel(R, C):
                 d = (m0 - n0) + i - j if causal else T.abs((m0 - n0) + i - j)
                 s[i, j] = s[i, j] * sc2 + table[T.min(d, Bias.shape[1]) + table_offset(R, C)]
