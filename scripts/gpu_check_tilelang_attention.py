@@ -53,7 +53,10 @@ KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
 # of before the loop 1.209 vs 1.340 ms (shipped); LSE with 3 stages 0.381 vs 0.377 ms.
 # Sixth session (H100): free tiles with the scale folded into the exponent's FMA and no mask tests (fewer instructions
 # per element) against the earlier kernels: lse 0.376 vs 0.379, fwd 0.647 vs 0.670, dq_delta 1.207 vs 1.257,
-# dkdv 1.600 vs 1.732 ms (shipped).
+# dkdv 1.600 vs 1.732 ms (shipped). Then, not shipped: dK/dV diagonal sums of dbias read without tests from a tile
+# with zero rows above and below (1.633 vs 1.599 ms: every slot reads all 64 columns, twice the shared-memory
+# reads of the predicated loop), and dq_delta testing P > -tau/i and forming G by one FMA (1.193 vs 1.200, 48 bytes
+# of spill against 24).
 # List new candidates here.
 VARIANTS = {
     "lse": [(256, 128, 512, 2)],
