@@ -21,7 +21,7 @@ import triton
 
 from ._autotune import disk_cache, size_class
 from ._lazy_attention_bwd import lazy_attention_bwd_dkdv_kernel, lazy_attention_bwd_dq_kernel
-from ._lazy_attention_fwd import LOG2E, lazy_attention_fwd_kernel
+from ._lazy_attention_fwd import LOG2E, bias_table, lazy_attention_fwd_kernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -154,23 +154,23 @@ def _flags(q, lengths, causal) -> dict:
 
 
 def _common(q, k, bias, tau, lengths, scale):
-    """Shared launch arguments: fp32 parameters, the lengths pointer and the scalar sizes."""
+    """Shared launch arguments: the bias table, tau in fp32, the lengths pointer and the scalar sizes."""
     B, H, L, D = q.shape
-    bias32 = bias.float()
+    btab = bias_table(bias)
     tau32 = tau.float()
     lens = lengths if lengths is not None else tau32  # never read when HAS_LENS is False
-    return B, H, k.shape[1], L, D, bias32, tau32, lens, scale * LOG2E
+    return B, H, k.shape[1], L, D, btab, tau32, lens, scale * LOG2E
 
 
 def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
     """O [B, H, L, D] (q's dtype, contiguous) and LSE [B, H, L] (fp32, natural log)."""
     _check(q, k, v, bias, tau, lengths)
-    B, H, Hkv, L, D, bias32, tau32, lens, qk_scale = _common(q, k, bias, tau, lengths, scale)
+    B, H, Hkv, L, D, btab, tau32, lens, qk_scale = _common(q, k, bias, tau, lengths, scale)
     o = _empty(B, H, L, D, dtype=q.dtype, device=q.device)
     lse = _empty(B, H, L, dtype=torch.float32, device=q.device)
     grid = lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), B * H)  # noqa: E731
-    args = (q, k, v, bias32, tau32, lens, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            *bias32.stride(), tau32.stride(0), H, L, bias.shape[1], H // Hkv, qk_scale)
+    args = (q, k, v, btab, tau32, lens, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            *btab.stride(), tau32.stride(0), H, L, bias.shape[1], H // Hkv, qk_scale)
     _launch("fwd", grid, args, D, q.dtype, **_flags(q, lengths, causal))
     return o, lse
 
@@ -185,7 +185,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
         raise ValueError(f"do: expected the shape of q {tuple(q.shape)}, got {tuple(do.shape)}")
     if lse.shape != q.shape[:3]:
         raise ValueError(f"lse: expected [B, H, L] = {list(q.shape[:3])}, got {tuple(lse.shape)}")
-    B, H, Hkv, L, D, bias32, tau32, lens, qk_scale = _common(q, k, bias, tau, lengths, scale)
+    B, H, Hkv, L, D, btab, tau32, lens, qk_scale = _common(q, k, bias, tau, lengths, scale)
     do = do.to(q.dtype)
     lse = lse.float().contiguous()
     W = bias.shape[1]
@@ -198,7 +198,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     delta = _empty(B * H, L, dtype=torch.float32, device=dev)
     dtau_part = _empty(B * H, n_blocks, dtype=torch.float32, device=dev)
     flags = _flags(q, lengths, causal)
-    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *bias32.stride(), tau32.stride(0))
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *btab.stride(), tau32.stride(0))
     seg_len = nseg * blk
     diag = torch.zeros(H, seg_len, dtype=torch.float32, device=dev)  # dS diagonal sums, d = index - seg_off * blk
     db_part = None
@@ -208,7 +208,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
             db_part = torch.zeros(n, n_blocks, seg_len, dtype=torch.float32, device=dev)
         else:
             db_part.zero_()
-        _launch("dq", (n_blocks, n), (q, k, v, bias32, tau32, lens, do, lse, dq, delta, dtau_part, db_part,
+        _launch("dq", (n_blocks, n), (q, k, v, btab, tau32, lens, do, lse, dq, delta, dtau_part, db_part,
                                       *common, H, L, W, H // Hkv, qk_scale, scale, nseg, seg_off, bh0),
                 D, q.dtype, **flags)
         part = db_part[:n].sum(1)  # [n, seg_len]
@@ -219,7 +219,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     dk = _empty(B, Hkv, L, D, dtype=k.dtype, device=dev)
     dv = _empty(B, Hkv, L, D, dtype=v.dtype, device=dev)
     grid = lambda meta: (triton.cdiv(L, meta["BLOCK_N"]), B * Hkv)  # noqa: E731
-    _launch("dkdv", grid, (q, k, v, bias32, tau32, lens, do, lse, delta, dk, dv, *common, H, Hkv, L, W, H // Hkv,
+    _launch("dkdv", grid, (q, k, v, btab, tau32, lens, do, lse, delta, dk, dv, *common, H, Hkv, L, W, H // Hkv,
                            qk_scale, scale), D, q.dtype, **flags)
     dtau = dtau_part.view(B, H, n_blocks).sum((0, 2))
     dbias = torch.zeros(H, W, dtype=torch.float32, device=dev)
