@@ -25,13 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _WORKER = """
 import json, sys
-from kernel_dispatch.backends.triton._compile_check import compile_for_sm90
+from kernel_dispatch.backends.triton._compile_check import compile_sm90, small_async_copies
 from kernel_dispatch.backends.triton.lazy_attention import sm90_compile_specs
 spec = next(s for s in sm90_compile_specs(causal=(True, False)) if s["id"] == sys.argv[1])
-shared = compile_for_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
-                          divisible=spec["divisible"])
-print(json.dumps({"id": spec["id"], "shared": shared}))
+k = compile_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
+                 divisible=spec["divisible"])
+ptx = k.asm["ptx"]
+print(json.dumps({"id": spec["id"], "shared": int(k.metadata.shared), "small_copies": small_async_copies(ptx),
+                  "asm_gathers": ptx.count("ld.global.nc.f32"), "num_stages": spec["num_stages"]}))
 """
+# The per-row fp32 vectors (LSE, Delta) of the dK/dV loops are pipelined by 4-byte cp.async copies: 14 with 2
+# stages, 22 with 3. A bias band gather staged that way (before c2be302) added 64 to 128 per kernel and made every
+# band tile cost 2.2 times a free one on an H100.
+SMALL_COPIES_PER_STAGE = 8
 
 
 def _quick_ids() -> set[str]:
@@ -52,19 +58,26 @@ def _params():
     return [pytest.param(i, id=i, marks=() if i in quick else pytest.mark.slow) for i in ids]
 
 
-def compile_in_subprocess(spec_id: str) -> int:
-    """Shared memory (bytes) of the spec ``spec_id`` compiled for sm_90 in a fresh interpreter-free process."""
+def compile_in_subprocess(spec_id: str) -> dict:
+    """The spec ``spec_id`` compiled for sm_90 in a fresh interpreter-free process: its shared memory (bytes), its
+    4-byte cp.async copies and its inline-assembly bias loads (counted in the PTX)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", _WORKER, spec_id], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, f"{spec_id}: compile failed\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])["shared"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("spec_id", _params())
 def test_lazy_attention_config_fits_sm90(spec_id):
-    shared = compile_in_subprocess(spec_id)
-    print(f"{spec_id}: {shared} bytes of shared memory")
+    got = compile_in_subprocess(spec_id)
+    shared = got["shared"]
+    print(f"{spec_id}: {shared} bytes of shared memory, {got['small_copies']} 4-byte cp.async, "
+          f"{got['asm_gathers']} bias loads")
     assert 0 < shared <= SM90_SHARED_BYTES, f"{spec_id}: {shared} bytes > {SM90_SHARED_BYTES}"
+    assert got["asm_gathers"] > 0, f"{spec_id}: the bias band is not read by the inline-assembly gather"
+    limit = SMALL_COPIES_PER_STAGE * got["num_stages"]
+    assert got["small_copies"] <= limit, (
+        f"{spec_id}: {got['small_copies']} 4-byte cp.async copies (> {limit}): triton pipelines a gather")

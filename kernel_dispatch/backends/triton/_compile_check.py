@@ -7,6 +7,7 @@ device is needed; it must run WITHOUT ``TRITON_INTERPRET=1`` (tests run it in a 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping
 
 SM90_SHARED_BYTES = 232448  # the opt-in shared memory per block of sm_90
@@ -15,6 +16,8 @@ SM90_SHARED_BYTES = 232448  # the opt-in shared memory per block of sm_90
 def compile_for_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], num_warps: int,
                      num_stages: int, *, divisible: Iterable[str] = ()) -> int:
     """Compile ``fn`` (a ``@triton.jit`` function) for sm_90 and return its shared memory in bytes.
+
+    :func:`compile_sm90` with the same arguments returns the whole compiled kernel (PTX in ``asm["ptx"]``).
 
     Args:
         fn: the ``@triton.jit`` function.
@@ -31,6 +34,12 @@ def compile_for_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, 
         The shared memory the compiled kernel needs (``metadata.shared``, bytes). Raises whatever
         triton raises when the kernel does not compile (e.g. out of resources).
     """
+    return int(compile_sm90(fn, signature, constexprs, num_warps, num_stages, divisible=divisible).metadata.shared)
+
+
+def compile_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], num_warps: int, num_stages: int, *,
+                 divisible: Iterable[str] = ()):
+    """The triton ``CompiledKernel`` of ``fn`` for sm_90 (arguments as :func:`compile_for_sm90`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -53,5 +62,9 @@ def compile_for_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, 
              if sig[name].startswith("*") or name in divisible}
     src = ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs)
     options = {"num_warps": int(num_warps), "num_stages": int(num_stages), "enable_fp_fusion": True}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    return int(compiled.metadata.shared)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def small_async_copies(ptx: str) -> int:
+    """How many 4-byte ``cp.async`` copies (one fp32 per thread into shared memory) a kernel's PTX issues."""
+    return len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, 0x4\b", ptx))
