@@ -35,9 +35,10 @@ print(json.dumps({"id": spec["id"], "shared": int(k.metadata.shared), "small_cop
                   "asm_gathers": ptx.count("ld.global.nc.f32"), "num_stages": spec["num_stages"]}))
 """
 # The per-row fp32 vectors (LSE, Delta) of the dK/dV loops are pipelined by 4-byte cp.async copies: 14 with 2
-# stages, 22 with 3. A bias band gather staged that way (before c2be302) added 64 to 128 per kernel and made every
-# band tile cost 2.2 times a free one on an H100.
-SMALL_COPIES_PER_STAGE = 8
+# stages and 22 with 3 at head dim 128, 28 with 2 stages at head dim 16 (8 warps over 32 queries). A bias band
+# gather staged that way (before c2be302) added 64 to 192 per kernel (16 x 128 dK/dV tiles: 32) and made every band
+# tile cost 2.2 times a free one on an H100.
+SMALL_COPIES_PER_STAGE = 16
 
 
 def _quick_ids() -> set[str]:
