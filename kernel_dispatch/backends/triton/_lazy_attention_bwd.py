@@ -2,11 +2,16 @@
 
 Two kernels, run in this order:
 
-- ``lazy_attention_bwd_dq_kernel``: one program per (b, h, BLOCK query rows). Sweep 1 over the
-  keys gives, per row, R = sum_n Mk dA and Delta = sum_n P Mk dA (stored for the next kernel)
-  and the block's dtau partial sum_m R / i. Sweep 2 gives dQ and, on key blocks within W, the
-  diagonal sums of dS for dbias, written to a per-program scratch row (no float atomics: the
-  launcher reduces the partials with torch.sum).
+- ``lazy_attention_bwd_dq_kernel``: one program per (b, h, BLOCK query rows). Per row it sums
+  R = sum_n Mk dA and Delta = sum_n P Mk dA (stored for the next kernel) and the block's dtau partial
+  sum_m R / i. Key blocks within W (and the masked ones) are swept twice: once for R and Delta, once,
+  after Delta is final, for their exact dS, which gives their part of dQ and the diagonal sums of dS
+  for dbias, written to a per-program scratch row (no float atomics: the launcher reduces the partials
+  with torch.sum). The far key blocks, which need no dbias, are swept once in between: for any row
+  constant D0, their dQ is sum P (Mk dA - D0) k - (Delta - D0) sum P k, so the sweep accumulates both
+  sums with D0 = dO . O (the forward's output) next to R and Delta. At B=4, H=16, L=4096 on an H100
+  this times like the two sweeps at D=128 (register spills) and saves 8% of fwd+bwd at D=64, 5.5% at
+  L=16384.
 - ``lazy_attention_bwd_dkdv_kernel``: one program per (b, kv head, BLOCK_N keys), looping over
   the query heads of its group and their query blocks, so dK/dV of a kv head sum in registers.
 
@@ -60,6 +65,30 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
 
 
 @triton.jit
+def _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+             lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
+             PREC: tl.constexpr):
+    """Far key blocks [lo, hi) (no bias, no mask) in one sweep: R and Delta as :func:`_bwd_row_sums`, and
+    x += P (Mk dA - D0) K, y += P K, so that their dQ is x - (Delta - D0) y once Delta is final."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK):
+        offs_n = start_n + tl.arange(0, BLOCK)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+        vt = tl.load(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
+        if UPCAST:
+            k = k.to(tl.float32)
+            vt = vt.to(tl.float32)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse2[:, None])
+        dpm = tl.where(p + taui[:, None] > 0, tl.dot(do, vt, input_precision=PREC), 0.0)
+        pdp = p * dpm
+        r_acc += tl.sum(dpm, 1)
+        d_acc += tl.sum(pdp, 1)
+        x = tl.dot((pdp - p * d0[:, None]).to(k.dtype), k, x, input_precision=PREC)
+        y = tl.dot(p.to(k.dtype), k, y, input_precision=PREC)
+    return x, y, r_acc, d_acc
+
+
+@triton.jit
 def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
             stride_vd, bias_row, stride_bw, db_row, start_m, offs_m, lo, hi, W, kv_len, L, qk_scale, NSEG, SEG_OFF,
             CAUSAL: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -107,11 +136,12 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
 
 @triton.jit
 def lazy_attention_bwd_dq_kernel(
-        Q, K, V, Bias, Tau, Lens, DO, LSE, DQ, DELTA, DTAU_PART, DB_PART,
+        Q, K, V, Bias, Tau, Lens, DO, O, LSE, DQ, DELTA, DTAU_PART, DB_PART,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_dob, stride_doh, stride_dom, stride_dod,
+        stride_ob, stride_oh, stride_om, stride_od,
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale, sm_scale, NSEG, SEG_OFF, BH_OFF,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
@@ -159,28 +189,30 @@ def lazy_attention_bwd_dq_kernel(
     mask = tl.minimum(mask, end)
     band = tl.minimum(band, end)
 
+    # bias band and masked blocks first (their dS must be exact for dbias, so they wait for the final Delta);
+    # then the far blocks in one fused sweep, with D0 = dO . O as the provisional Delta
     r_acc = tl.zeros([BLOCK], dtype=tl.float32)
     d_acc = tl.zeros([BLOCK], dtype=tl.float32)
-    r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                 stride_vd, bias_row, stride_bw, offs_m, 0, band, W, seq_len, L, qk_scale, CAUSAL,
-                                 False, False, HEAD_DIM, BLOCK, UPCAST, PREC)
     r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                  stride_vd, bias_row, stride_bw, offs_m, band, mask, W, seq_len, L, qk_scale,
                                  CAUSAL, True, False, HEAD_DIM, BLOCK, UPCAST, PREC)
     r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                  stride_vd, bias_row, stride_bw, offs_m, mask, end, W, seq_len, L, qk_scale,
                                  CAUSAL, True, True, HEAD_DIM, BLOCK, UPCAST, PREC)
+    o_ptr = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    o = tl.load(o_ptr, mask=offs_m[:, None] < seq_len, other=0.0)
+    d0 = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    x = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    y = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    x, y, r_acc, d_acc = _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_kn, stride_kd,
+                                  stride_vn, stride_vd, 0, band, qk_scale, HEAD_DIM, BLOCK, UPCAST, PREC)
     tl.store(DELTA + bh64 * L + offs_m, d_acc, mask=offs_m < L)
     tl.store(DTAU_PART + bh64 * tl.num_programs(0) + pid_m, tl.sum(r_acc * inv_i, 0))
 
     db_row = DB_PART + (tl.program_id(1).to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG * BLOCK
-    dq = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    dq = x - (d_acc - d0)[:, None] * y
     carry = tl.zeros([BLOCK], dtype=tl.float32)
     carry_seg = start_m * 0 - 1
-    dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
-                                   stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m, 0,
-                                   band, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, False, False, HEAD_DIM,
-                                   BLOCK, UPCAST, PREC)
     dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
                                    stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m,
                                    band, mask, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, True, False,

@@ -178,7 +178,8 @@ def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
 def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
     """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau).
 
-    ``o`` is unused: Delta = sum_n P dP is recomputed exactly in the dq kernel's first sweep.
+    ``o`` [B, H, L, D] (any strides) is the forward's output: dO . O stands in for Delta in the dq kernel's fused
+    sweep over far keys; Delta itself, sum_n P Mk dA, is summed exactly in the same kernel.
     """
     _check(q, k, v, bias, tau, lengths)
     if do.shape != q.shape:
@@ -187,6 +188,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
         raise ValueError(f"lse: expected [B, H, L] = {list(q.shape[:3])}, got {tuple(lse.shape)}")
     B, H, Hkv, L, D, btab, tau32, lens, qk_scale = _common(q, k, bias, tau, lengths, scale)
     do = do.to(q.dtype)
+    o = o.to(q.dtype)
     lse = lse.float().contiguous()
     W = bias.shape[1]
     blk = _INTERPRET_CONFIGS["dq"][0] if INTERPRET else shipped_configs("dq", D, q.dtype)[0].kwargs["BLOCK"]
@@ -208,8 +210,10 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
             db_part = torch.zeros(n, n_blocks, seg_len, dtype=torch.float32, device=dev)
         else:
             db_part.zero_()
-        _launch("dq", (n_blocks, n), (q, k, v, btab, tau32, lens, do, lse, dq, delta, dtau_part, db_part,
-                                      *common, H, L, W, H // Hkv, qk_scale, scale, nseg, seg_off, bh0),
+        _launch("dq", (n_blocks, n), (q, k, v, btab, tau32, lens, do, o, lse, dq, delta, dtau_part, db_part,
+                                      *q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(),
+                                      *btab.stride(), tau32.stride(0), H, L, W, H // Hkv, qk_scale, scale, nseg,
+                                      seg_off, bh0),
                 D, q.dtype, **flags)
         part = db_part[:n].sum(1)  # [n, seg_len]
         if n % H == 0:
