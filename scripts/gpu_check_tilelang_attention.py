@@ -6,7 +6,8 @@ On the GPU machine (H100/H200):  python3 scripts/gpu_check_tilelang_attention.py
   2. runs every non-big case of tests/cases.py ATTN_CASES at D = 64 and D = 128, fp16 and bf16, through
      the public API with backend="tilelang" against golden float64 (err / tol per tensor, per head for
      o, dq, dk, dv) and runs each backward twice (dq, dk, dv, dbias, dtau must be bitwise equal);
-  3. times bf16 causal B=4, H=16, L=4096, D=128, W=512, tau=-1: the forward and forward+backward of
+  3. times bf16 causal B=4, H=16, L=4096, D=128, W=512, tau=-1 (ATTN_BENCH_B, _L, _D, _W change it; a prebuild
+     for other D needs the same ATTN_BENCH_D): the forward and forward+backward of
      tilelang, of the Triton backend (when it passes two checks) and of SDPA cuDNN / flash plain causal
      attention; every tilelang kernel alone, and the tile variants of each;
   4. runs the realistic (big) cases of ATTN_CASES against golden float64;
@@ -34,7 +35,8 @@ sys.path.insert(0, ROOT)
 CACHE_TAR = os.path.join(ROOT, ".devcache", "tilelang-attn-cache.tar.xz")
 T0 = time.time()
 DEADLINE = float(os.environ.get("ATTN_CHECK_DEADLINE", "275"))
-BENCH = dict(B=4, H=16, Hkv=16, L=4096, D=128, W=int(os.environ.get("ATTN_BENCH_W", "512")))  # W: bias length
+BENCH = dict(B=int(os.environ.get("ATTN_BENCH_B", "4")), H=16, Hkv=16, L=int(os.environ.get("ATTN_BENCH_L", "4096")),
+             D=int(os.environ.get("ATTN_BENCH_D", "128")), W=int(os.environ.get("ATTN_BENCH_W", "512")))  # W: bias length
 KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
 # tile variants timed on the benchmark shape: (block_m = queries, block_n = keys, threads, stages, ...)
 # On an H200 (2026-11-26) 64-query tiles of 128 threads lost to these on every kernel (lse 0.72-0.82 vs
@@ -56,7 +58,9 @@ KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
 # dkdv 1.600 vs 1.732 ms (shipped). Then, not shipped: dK/dV diagonal sums of dbias read without tests from a tile
 # with zero rows above and below (1.633 vs 1.599 ms: every slot reads all 64 columns, twice the shared-memory
 # reads of the predicated loop), and dq_delta testing P > -tau/i and forming G by one FMA (1.193 vs 1.200, 48 bytes
-# of spill against 24).
+# of spill against 24). At D = 64 (ATTN_BENCH_D=64 ATTN_BENCH_B=1 ATTN_BENCH_L=16384), where Triton's fwd+bwd had caught
+# up: 3 stages for each kernel (lse 0.989 vs 0.961, fwd 1.350 vs 1.337, dq_delta 2.567 vs 2.663, dkdv 3.742 vs 3.725 ms;
+# all four together 9.03 vs 8.88 ms fwd+bwd) and 256 x 64 output tiles (1.376, 40 bytes of spill): none shipped.
 # List new candidates here.
 VARIANTS = {
     "lse": [(256, 128, 512, 2)],
@@ -92,7 +96,7 @@ def all_specs():
             for causal in (True, False):
                 out += [(n, D, dt, causal, CONFIGS[D][n]) for n in KERNELS]
     for n, cfgs in VARIANTS.items():
-        out += [(n, 128, "bfloat16", True, c) for c in cfgs]
+        out += [(n, BENCH["D"], "bfloat16", True, c) for c in cfgs]
     for by_dim in CANDIDATES.values():
         for D, cfgs in by_dim.items():
             out += [(n, D, dt, causal, cfg) for n, cfg in cfgs.items() for causal in (True, False)
@@ -465,7 +469,8 @@ def gpu_main(workers):
         ws = "  -  " if w is None else f"{w:5.3f}"
         print(f"{'ok  ' if ok else 'FAIL'} {name:32s} {dt:9s} {ws} det={det} {'; '.join(fails)[:160]}")
     print(f"passed {n_ok}/{len(corr) + len(corr_cand) + len(big)}")
-    print(f"\n==== speed on {dev}: bf16 causal B=4 H=16 L=4096 D=128 W=512 tau=-1 (median ms)")
+    print(f"\n==== speed on {dev}: bf16 causal B={BENCH['B']} H={BENCH['H']} L={BENCH['L']} D={BENCH['D']} "
+          f"W={BENCH['W']} tau=-1 (median ms)")
     for key, val in ops.items():
         print(f"{key:24s} {val if isinstance(val, str) else f'{val:8.3f}'}")
     for d in ("fwd", "fwd+bwd"):
