@@ -23,8 +23,9 @@ dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile,
-                                    is_one_key_row, key_blocks, one_key_rows_macro, score_macro)
+from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, is_free_tile,
+                                    is_one_key_row, key_blocks, one_key_rows_macro, row_block,
+                                    score_macro)
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,9 +81,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             tmp = T.alloc_fragment([BM], f32)
 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
-            m0 = first_query(bx, L, BM, causal)
-            hk = by // (H // Hkv)
-            lb = Lens[bz]
+            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal)
             tau = Tau[by]
             sc2 = scale * LOG2E
             n_blocks = key_blocks(m0, lb, BM, BN, causal)

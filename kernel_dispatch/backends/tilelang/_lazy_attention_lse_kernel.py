@@ -13,8 +13,8 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LN2, LOG2E, distance_table_macro, distance_table_size, first_query, is_free_tile,
-                                    key_end, score_macro)
+from ._lazy_attention_tiles import (LN2, LOG2E, distance_table_macro, distance_table_size, is_free_tile,
+                                    key_end, row_block, score_macro)
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,9 +49,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             denom = T.alloc_fragment([BM], f32)
 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
-            m0 = first_query(bx, L, BM, causal)
-            hk = by // (H // Hkv)
-            lb = Lens[bz]
+            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal)
             sc2 = scale * LOG2E
 
             T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)

@@ -28,6 +28,12 @@ def first_query(bx, L, BM: int, causal: bool):
     return ((T.ceildiv(L, BM) - 1 - bx) if causal else bx) * BM
 
 
+def row_block(bx, by, bz, L, H, Hkv, Lens, BM: int, causal: bool):
+    """(m0, hk, lb) of a query-major CTA at grid (by = head, bz = batch, bx = query block): its first query
+    (:func:`first_query`), the kv head its query head reads (GQA) and its sequence's length lengths[b]."""
+    return first_query(bx, L, BM, causal), by // (H // Hkv), Lens[bz]
+
+
 def key_end(m0, lb, BM: int, causal: bool):
     """The end of the keys visible to queries [m0, m0 + BM) of a sequence of length lb."""
     import tilelang.language as T
