@@ -7,6 +7,9 @@ the tensor cores are still reading: a race neither the compiler nor a small test
 issues ``T.wgmma_gemm`` must read the buffer once more after the wait (``touch = X_s[0, 0]``) to move the
 release there. This check replays the consumer code (every committed wgmma group, every wait) and fails
 when a release meets an in-flight reader; the shipped kernels use synchronous ``T.gemm`` and pass.
+``reads_before_arrival`` fails an elementwise read of a TMA-loaded buffer before its barrier wait, and
+``unfenced_stores`` a TMA store of a staged output tile without a barrier and an async-proxy fence after
+the threads wrote it.
 """
 from __future__ import annotations
 
@@ -79,4 +82,30 @@ def reads_before_arrival(src: str) -> list[str]:
             if use.search(later) and "tma_load" not in later and "initialize_wgmma_descriptor" not in later:
                 bad.append(f"line {later_no + 1}: touches {buf} before mbarrier[{bar}] says its TMA load "
                            f"arrived: {later.strip()[:120]}")
+    return bad
+
+
+_TMA_STORE = re.compile(r"tma_store\((\w+), \(&\(\(\(\w+\*\)(\w+)\)")
+_BAR = re.compile(r"__sync_thread_partial\(|__syncthreads\(\)")
+
+
+def unfenced_stores(src: str) -> list[str]:
+    """TMA stores in ``src`` that read a shared buffer without, since the threads' last write to it, a barrier
+    (every thread's write done) and then a ``fence_proxy_async`` (the writes visible to the TMA unit); []
+    when every store is fenced."""
+    bad, lines = [], src.splitlines()
+    for n, line in enumerate(lines):
+        if not (m := _TMA_STORE.search(line)):
+            continue
+        desc, buf = m.groups()
+        last = max((i for i in range(n) if f"{buf})[" in lines[i] and "tma_" not in lines[i]
+                    and "descriptor" not in lines[i]), default=None)
+        if last is None:
+            bad.append(f"line {n + 1}: {desc} stores {buf}, which no thread wrote")
+            continue
+        between = lines[last + 1:n]
+        bar = next((i for i, ln in enumerate(between) if _BAR.search(ln)), None)
+        if bar is None or not any("fence_proxy_async" in ln for ln in between[bar:]):
+            bad.append(f"line {n + 1}: {desc} stores {buf} without a barrier and an async-proxy fence after "
+                       f"the write at line {last + 1}")
     return bad

@@ -143,6 +143,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 r_acc[i] = r_acc[i] * inv_i[i]
             T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
             T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
-            T.copy(acc_x, dQ[bz, by, m0:m0 + BM, :])
+            T.copy(acc_x, Q_s)  # Q is no longer read: its tile stages dQ for one TMA store
+            T.copy(Q_s, dQ[bz, by, m0:m0 + BM, :])
 
     return lazy_attention_bwd_dq_delta
