@@ -61,6 +61,11 @@ KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
 # of spill against 24). At D = 64 (ATTN_BENCH_D=64 ATTN_BENCH_B=1 ATTN_BENCH_L=16384), where Triton's fwd+bwd had caught
 # up: 3 stages for each kernel (lse 0.989 vs 0.961, fwd 1.350 vs 1.337, dq_delta 2.567 vs 2.663, dkdv 3.742 vs 3.725 ms;
 # all four together 9.03 vs 8.88 ms fwd+bwd) and 256 x 64 output tiles (1.376, 40 bytes of spill): none shipped.
+# Seventh session (H100): an FMA-pipe exp2 (degree-5 polynomial) for 1/8-3/8 of the free tiles' exponentials (lse
+# 0.390-0.399 vs 0.387, fwd 0.686-0.697 vs 0.637, dq_delta 1.248 vs 1.204, dkdv 1.706 vs 1.676 ms) and FlashAttention-3
+# ping-pong of the two consumer warpgroups through named barriers (lse at 128 queries 0.431-0.437 vs 0.435, fwd 0.690
+# vs 0.652): not shipped. Output tiles staged through shared memory for TMA stores and dK/dV's dbias work inside the
+# masked branch (dkdv 1.577 -> 1.404, fwd 0.641 -> 0.616, dq_delta 1.209 -> 1.176 ms): shipped (2f338da).
 # List new candidates here.
 VARIANTS = {
     "lse": [(256, 128, 512, 2)],
