@@ -37,7 +37,7 @@ T0 = time.time()
 DEADLINE = float(os.environ.get("ATTN_CHECK_DEADLINE", "275"))
 BENCH = dict(B=int(os.environ.get("ATTN_BENCH_B", "4")), H=16, Hkv=16, L=int(os.environ.get("ATTN_BENCH_L", "4096")),
              D=int(os.environ.get("ATTN_BENCH_D", "128")), W=int(os.environ.get("ATTN_BENCH_W", "512")))  # W: bias length
-KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
+KERNELS = ("lse", "fwd", "row_dot", "dq_delta", "dkdv")
 # tile variants timed on the benchmark shape: (block_m = queries, block_n = keys, threads, stages, ...)
 # On an H200 (2026-11-26) 64-query tiles of 128 threads lost to these on every kernel (lse 0.72-0.82 vs
 # 0.50 ms, fwd 1.58-1.64 vs 0.97, dq 1.98-2.04 vs 1.22, dkdv 2.74-10.1 vs 1.99). Third session, timed in
@@ -66,10 +66,14 @@ KERNELS = ("lse", "fwd", "dq_delta", "dkdv")
 # ping-pong of the two consumer warpgroups through named barriers (lse at 128 queries 0.431-0.437 vs 0.435, fwd 0.690
 # vs 0.652): not shipped. Output tiles staged through shared memory for TMA stores and dK/dV's dbias work inside the
 # masked branch (dkdv 1.577 -> 1.404, fwd 0.641 -> 0.616, dq_delta 1.209 -> 1.176 ms): shipped (2f338da).
+# Then dO . O moved out of dq_delta into the row_dot kernel (dq_delta alone 1.020 vs 1.101 ms; fewer registers, 16
+# bytes of spill against 56); row_dot blocks of 32-256 rows x 128-256 threads all time 0.058 ms here, the
+# launch from Python rather than the 33 MB it reads (about 11 us at 3 TB/s).
 # List new candidates here.
 VARIANTS = {
     "lse": [(256, 128, 512, 2)],
     "fwd": [(128, 128, 256, 2)],
+    "row_dot": [(32, 128)],
     "dq_delta": [(128, 64, 256, 2)],
     "dkdv": [(64, 128, 256, 2)],
 }
@@ -307,7 +311,9 @@ def time_kernels():
     lse_p[..., :L] = lse
     delta = torch.zeros(B, H, LP, device="cuda")
     rdiv = torch.zeros(B, H, LP, device="cuda")
-    la.kernel("dq_delta", D, "bfloat16", True, la.CONFIGS[D]["dq_delta"], tgt)(q, k, v, do, o, bias, tau, lens, lse_p,
+    d0 = torch.zeros(B, H, LP, device="cuda")
+    la.kernel("row_dot", D, "bfloat16", True, la.CONFIGS[D]["row_dot"], tgt)(do, o, d0)
+    la.kernel("dq_delta", D, "bfloat16", True, la.CONFIGS[D]["dq_delta"], tgt)(q, k, v, do, bias, tau, lens, lse_p, d0,
                                                                                 delta, rdiv, torch.empty_like(q), scale)
 
     def call(name, cfg):
@@ -320,7 +326,10 @@ def time_kernels():
             return out, lambda: kern(q, k, v, bias, tau, lens, lse, out, scale)
         if name == "dq_delta":
             out, d, r = torch.empty_like(q), torch.zeros(B, H, LP, device="cuda"), torch.zeros(B, H, LP, device="cuda")
-            return out, lambda: kern(q, k, v, do, o, bias, tau, lens, lse_p, d, r, out, scale)
+            return out, lambda: kern(q, k, v, do, bias, tau, lens, lse_p, d0, d, r, out, scale)
+        if name == "row_dot":
+            out = torch.zeros(B, H, LP, device="cuda")
+            return out, lambda: kern(do, o, out)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         part = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), device="cuda")
 

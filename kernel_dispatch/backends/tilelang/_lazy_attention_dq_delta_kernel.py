@@ -6,7 +6,8 @@ accumulates, per query block,
 
     X = sum_n P (Mk dA - D0) k_n,   Y = sum_n P k_n,   Delta = sum_n P Mk dA,   R = sum_n Mk dA
 
-with D0 = dO . O (the stored output, in q's dtype), and ends with dQ = scale (X - (Delta - D0) Y). That is
+with D0 = dO . O (the stored output, in q's dtype; the launcher's row sums), and ends with
+dQ = scale (X - (Delta - D0) Y). That is
 4 GEMMs and one exponential pass per tile where a separate row pass and dQ sweep take 5 and two. Delta and
 Rdiv = R / i go out for the dK/dV kernel and dtau. Rows past lengths[b] get zeros.
 
@@ -15,8 +16,8 @@ to q's dtype before they cancel, where the two-kernel form rounds dS itself. Wit
 everywhere (tests/tolerances.py). Rows with a single visible key, where dS is exactly 0 but X - (Delta - D0) Y
 would leave a rounding of (tau dA) k, get dQ = 0 exactly.
 
-Layout: Q, dO, O [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H] fp32;
-Lens [B] int32; LSE [B, H, LP] fp32 (LP >= L). Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched),
+Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H] fp32;
+Lens [B] int32; LSE, D0 [B, H, LP] fp32 (LP >= L). Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched),
 dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
 """
 
@@ -31,7 +32,7 @@ from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_
 @functools.lru_cache(maxsize=None)
 def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 64, threads: int = 256,
           num_stages: int = 2):
-    """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, O, Bias, Tau, Lens, LSE, Delta,
+    """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, D0, Delta,
     Rdiv, dQ, scale."""
     import_tilelang()
     import tilelang.language as T
@@ -49,11 +50,11 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
         K: T.Tensor([B, Hkv, L, D], dtype),
         V: T.Tensor([B, Hkv, L, D], dtype),
         dO: T.Tensor([B, H, L, D], dtype),
-        O: T.Tensor([B, H, L, D], dtype),
         Bias: T.Tensor([H, W], f32),
         Tau: T.Tensor([H], f32),
         Lens: T.Tensor([B], "int32"),
         LSE: T.Tensor([B, H, LP], f32),
+        D0: T.Tensor([B, H, LP], f32),
         Delta: T.Tensor([B, H, LP], f32),
         Rdiv: T.Tensor([B, H, LP], f32),
         dQ: T.Tensor([B, H, L, D], dtype),
@@ -90,26 +91,18 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             fill_table(table, Bias, by)
             T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
+            T.copy(D0[bz, by, m0:m0 + BM], d0)
             for i in T.Parallel(BM):
                 lse2[i] = lse2[i] * LOG2E
                 inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
                 thr[i] = tau * inv_i[i]
             T.fill(r_acc, 0)
             T.fill(d_acc, 0)
-            T.fill(d0, 0)  # a block with no visible keys never enters the loop
             T.clear(acc_x)
             T.clear(acc_y)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
                 T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
                 T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
-                if k == 0:
-                    # D0 = dO . O here, not before the loop: code ahead of the loop runs before the producer starts
-                    # its loads (1.21 vs 1.34 ms on an H100); dO and O come from global memory, never from a TMA
-                    # tile that may not have arrived (tests/async_release.py::reads_before_arrival)
-                    for i, j in T.Parallel(BM, D):
-                        acc_y[i, j] = T.Cast(f32, dO[bz, by, m0 + i, j]) * T.Cast(f32, O[bz, by, m0 + i, j])
-                    T.reduce_sum(acc_y, d0, dim=1)
-                    T.clear(acc_y)  # the temporary goes back to being Y
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA

@@ -1,9 +1,10 @@
 """TileLang lazy attention (SPEC section 1): launchers with the golden signatures.
 
 Forward, two kernels: the row log-sum-exp (``_lazy_attention_lse_kernel``), then
-O = relu(P + tau/i) @ V (``_lazy_attention_fwd_kernel``). Backward, two kernels: a query-major
-sweep giving dQ together with the row sums Delta = sum_n P Mk dA and (1/i) sum_n Mk dA
-(``_lazy_attention_dq_delta_kernel``, no atomics), then dK, dV plus per-key-block dbias partials
+O = relu(P + tau/i) @ V (``_lazy_attention_fwd_kernel``). Backward, three kernels: the row dots dO . O
+(``_lazy_attention_row_dot_kernel``), a query-major sweep giving dQ together with the row sums
+Delta = sum_n P Mk dA and (1/i) sum_n Mk dA (``_lazy_attention_dq_delta_kernel``, no atomics), then dK, dV plus
+per-key-block dbias partials
 (``_lazy_attention_dkdv_kernel``, key-major, GQA heads summed in the CTA). dbias and dtau are
 fixed-order sums of those partials, so they are bitwise reproducible.
 
@@ -24,10 +25,12 @@ from . import _lazy_attention_dkdv_kernel as _dkdv_k
 from . import _lazy_attention_dq_delta_kernel as _dq_delta_k
 from . import _lazy_attention_fwd_kernel as _fwd_k
 from . import _lazy_attention_lse_kernel as _lse_k
+from . import _lazy_attention_row_dot_kernel as _row_dot_k
 
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 HEAD_DIMS = (64, 128)
-FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "dq_delta": _dq_delta_k.build, "dkdv": _dkdv_k.build}
+FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "row_dot": _row_dot_k.build, "dq_delta": _dq_delta_k.build,
+             "dkdv": _dkdv_k.build}
 
 # (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim. Timed on an H200 and
 # an H100 (bf16, causal, B=4, H=16, L=4096, D=128; scripts/gpu_check_tilelang_attention.py): these beat
@@ -35,9 +38,9 @@ FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "dq_delta": _dq_delta_k.b
 # accumulators need 64-key tiles to stay in registers) the separate row-pass and dQ kernels it replaced.
 # The LSE kernel runs 256 queries per CTA (4 consumer warpgroups): 0.38 vs 0.47 ms for 128 on an H100.
 CONFIGS = {
-    64: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "dq_delta": (128, 64, 256, 2),
+    64: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "row_dot": (32, 128), "dq_delta": (128, 64, 256, 2),
          "dkdv": (64, 128, 256, 2)},
-    128: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "dq_delta": (128, 64, 256, 2),
+    128: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "row_dot": (32, 128), "dq_delta": (128, 64, 256, 2),
           "dkdv": (64, 128, 256, 2)},
 }
 
@@ -118,10 +121,11 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     dv = torch.empty_like(vc)
     dq = torch.empty_like(qc)
     partial = torch.zeros(B, H, -(-L // CONFIGS[D]["dkdv"][1]), min(W, L), dtype=torch.float32, device=dev)
-    oc = o.to(q.dtype).contiguous()
+    d0 = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)  # dO . O, the dQ sweep's first estimate of Delta
     s = float(scale)
     with torch.cuda.device(dev):
-        _kernel("dq_delta", q, causal)(qc, kc, vc, doc, oc, bias32, tau32, lens, lse_p, delta, rdiv, dq, s)
+        _kernel("row_dot", q, causal)(doc, o.to(q.dtype).contiguous(), d0)
+        _kernel("dq_delta", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, d0, delta, rdiv, dq, s)
         _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial, s)
     dbias = torch.zeros(H, W, dtype=torch.float64, device=dev)
     dbias[:, :partial.shape[-1]] = partial.double().sum((0, 2))
