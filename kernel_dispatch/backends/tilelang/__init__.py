@@ -16,9 +16,9 @@ CAPABILITIES = {
                                    notes="Hopper (sm_90a) kernels, checked on H200 and H100; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied; first in "
                                          "auto: faster than Triton at the target shape (L=4096) and on every fwd+bwd at "
-                                         "D=128 and at D=64 up to L=16384 (H100); Triton leads by 1-2% at two points: "
-                                         "fwd+bwd at D=64, L=32768 (30.3 vs 31.0 ms) and the forward at L=1024, D=128 "
-                                         "(0.404 vs 0.409 ms)"),
+                                         "D=128 and at D=64 up to L=16384 (H100); Triton leads fwd+bwd at D=64, "
+                                         "L=32768 by 1% (30.6 vs 31.0 ms); the forward at L=1024, D=128 is a tie "
+                                         "within run-to-run noise (0.409 vs 0.404-0.543 ms in two runs)"),
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton on the mHC block's fwd+bwd at every benchmarked "
@@ -28,10 +28,9 @@ CAPABILITIES = {
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H100, commits 2f338da and f3284e8) shows TileLang faster on most lazy
-# attention shapes, the target shape included, and every mHC fwd+bwd. The points where Triton leads are named in the
-# notes (lazy attention: fwd+bwd at D=64, L=32768 and one forward at L=1024, each by 1-2%; mHC: one sub-millisecond
-# forward).
+# Above Triton (20): docs/benchmarks.md (H100, commits 2543ef8 and f3284e8) shows TileLang faster on every lazy
+# attention shape but one, the target shape included, and every mHC fwd+bwd. The points where Triton leads are named
+# in the notes (lazy attention: fwd+bwd at D=64, L=32768 by 1%; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 

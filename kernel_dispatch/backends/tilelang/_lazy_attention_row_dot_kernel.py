@@ -1,9 +1,9 @@
 """TileLang kernel factory: D0[b, h, m] = dO[b, h, m] . O[b, h, m] in fp32, the dq_delta sweep's row constant.
 
 One CTA per (block of query rows, head, batch) reads its rows of dO and O as 16-byte vectors, multiplies in
-fp32 and reduces each row in a fixed order. Computed inside the dq_delta sweep instead, the row dots held a
-third [128, D] fp32 fragment and cost that kernel 0.08 ms (1.02 vs 1.10 ms on an H100, B=4 H=16 L=4096 D=128);
-this kernel moves 2 * L * D * 2 bytes per (b, h) at memory speed.
+fp32 and reduces each row in a fixed order. Computed inside the dq_delta sweep instead (its first iteration,
+from global memory, with Y's accumulator as scratch), the row dots cost that kernel 0.08 ms and 40 bytes of
+spill (1.02 vs 1.10 ms on an H100, B=4 H=16 L=4096 D=128); this kernel only reads 2 * L * D values per (b, h).
 
 Layout: dO, O [B, H, L, D] contiguous fp16/bf16. Out: D0 [B, H, LP] fp32, LP >= L; columns >= L untouched.
 B, H, L, LP are symbolic.
