@@ -15,10 +15,9 @@ CAPABILITIES = {
     "lazy_attention": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
                                    notes="Hopper (sm_90a) kernels, checked on H200 and H100; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied; first in "
-                                         "auto: faster than Triton at the target shape (L=4096) and on every fwd+bwd at "
-                                         "D=128 and at D=64 up to L=16384 (H100); Triton leads fwd+bwd at D=64, "
-                                         "L=32768 by 1% (30.6 vs 31.0 ms); the forward at L=1024, D=128 is a tie "
-                                         "within run-to-run noise (0.409 vs 0.404-0.543 ms in two runs)"),
+                                         "auto: faster than Triton on every benchmarked fwd+bwd and forward (H100) "
+                                         "but one forward, L=1024, D=128, a tie within run-to-run noise (0.406 vs "
+                                         "0.403 ms; Triton took 0.543 in the run before)"),
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton on the mHC block's fwd+bwd at every benchmarked "
@@ -28,9 +27,9 @@ CAPABILITIES = {
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H100, commits 2543ef8 and f3284e8) shows TileLang faster on every lazy
-# attention shape but one, the target shape included, and every mHC fwd+bwd. The points where Triton leads are named
-# in the notes (lazy attention: fwd+bwd at D=64, L=32768 by 1%; mHC: one sub-millisecond forward).
+# Above Triton (20): docs/benchmarks.md (H100, commits 7776cb2 and f3284e8) shows TileLang faster on every lazy
+# attention fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are named in
+# the notes (lazy attention: one forward at L=1024 by 1%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
