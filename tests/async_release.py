@@ -109,3 +109,20 @@ def unfenced_stores(src: str) -> list[str]:
             bad.append(f"line {n + 1}: {desc} stores {buf} without a barrier and an async-proxy fence after "
                        f"the write at line {last + 1}")
     return bad
+
+
+def top_level_barriers(src: str, loop_header: str) -> int:
+    """Barriers (``__sync_thread_partial`` or ``__syncthreads``) at the top level of the body of the first loop
+    whose header contains ``loop_header`` (not inside any ``if`` of the body): the ones every iteration runs."""
+    lines = src.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "for (" in ln and loop_header in ln), None)
+    if start is None:
+        raise ValueError(f"no loop with {loop_header!r} in the source")
+    depth, count = 0, 0
+    for ln in lines[start:]:
+        if depth == 1 and _BAR.search(ln):
+            count += 1
+        depth += ln.count("{") - ln.count("}")
+        if depth <= 0 and ln.strip() == "}":
+            break
+    return count

@@ -16,7 +16,7 @@ import pytest
 
 from kernel_dispatch.backends.tilelang import _build
 
-from .async_release import reads_before_arrival, release_violations, unfenced_stores
+from .async_release import reads_before_arrival, release_violations, top_level_barriers, unfenced_stores
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None,
                                 reason="tilelang is not installed (it is Linux-only)")
@@ -28,6 +28,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None,
 TMA_STORES = {"lse": set(), "fwd": {"O_desc"}, "row_dot": set(), "dq_delta": {"dQ_desc"},
               "dkdv": {"dK_desc", "dV_desc"}}
 MEMORY_KERNELS = {"row_dot"}  # no GEMM, plain vector loads
+# CTA barriers every iteration of the consumer's key (or query) sweep runs, outside any branch, and the sweep's
+# loop variable in the generated CUDA: free tiles must not wait for each other (dK/dV keeps the one TileLang
+# hoists out of its masked branch; with its dbias work after the GEMMs it had 3, 1.50 -> 1.58 ms on an H100).
+SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 0), "dq_delta": ("k_1", 0), "dkdv": ("it_1", 1)}
 BUILDS = [("lse", True), ("lse", False), ("fwd", True), ("row_dot", True), ("dq_delta", True), ("dq_delta", False),
           ("dkdv", True), ("dkdv", False)]
 
@@ -57,6 +61,10 @@ def test_factory_builds_cubin_for_sm90a(name, causal, toolkit, tmp_path, monkeyp
     stores = {d for d in TMA_STORES["dkdv"] | TMA_STORES["fwd"] | TMA_STORES["dq_delta"] if f"tma_store({d}," in src}
     assert stores == TMA_STORES[name], f"{name}: TMA stores of {sorted(stores)}, expected {sorted(TMA_STORES[name])}"
     assert not unfenced_stores(src), f"{name}: " + "; ".join(unfenced_stores(src))
+    if name in SWEEP_BARRIERS:
+        var, most = SWEEP_BARRIERS[name]
+        n = top_level_barriers(src, f"int {var} = 0")
+        assert n <= most, f"{name}: {n} barriers in every iteration of the sweep, at most {most} expected"
     cubins = glob.glob(os.path.join(str(tmp_path), "**", "*.cubin"), recursive=True)
     assert cubins, f"{name}: no cubin written under {tmp_path}"
     with open(cubins[0], "rb") as f:
@@ -159,3 +167,21 @@ def test_store_check_catches_a_missing_barrier_or_fence():
     for bad in (no_bar, no_fence):
         found = unfenced_stores(bad)
         assert len(found) == 1 and "O_desc stores Q_s" in found[0], found
+
+
+_SWEEP = """
+    for (int it_1 = 0; it_1 < n; ++it_1) {
+      mbarrier[(it_1 & 1)].wait(((it_1 & 3) >> 1));
+      tl::__sync_thread_partial(3, 256);
+      if (band) {
+        tl::__sync_thread_partial(3, 256);
+      }
+    }
+    tl::__sync_thread_partial(3, 256);
+"""
+
+
+def test_sweep_barrier_count_skips_branches_and_the_epilogue():
+    assert top_level_barriers(_SWEEP, "int it_1 = 0") == 1
+    assert top_level_barriers(_SWEEP.replace("      tl::__sync_thread_partial(3, 256);\n      if", "      if"),
+                              "int it_1 = 0") == 0
