@@ -3,10 +3,9 @@
 Forward, two kernels: the row log-sum-exp (``_lazy_attention_lse_kernel``), then
 O = relu(P + tau/i) @ V (``_lazy_attention_fwd_kernel``). Backward, three kernels: the row dots dO . O
 (``_lazy_attention_row_dot_kernel``), a query-major sweep giving dQ together with the row sums
-Delta = sum_n P Mk dA and (1/i) sum_n Mk dA (``_lazy_attention_dq_delta_kernel``, no atomics), then dK, dV plus
-per-key-block dbias partials
-(``_lazy_attention_dkdv_kernel``, key-major, GQA heads summed in the CTA). dbias and dtau are
-fixed-order sums of those partials, so they are bitwise reproducible.
+Delta = sum_n P Mk dA and (1/i) sum_n Mk dA (``_lazy_attention_dq_delta_kernel``, no atomics), then dK, dV
+plus per-key-block dbias partials (``_lazy_attention_dkdv_kernel``, key-major, GQA heads summed in the CTA).
+dbias and dtau are fixed-order sums of those partials, so they are bitwise reproducible.
 
 Inputs may have any strides: q, k, v and dO are made contiguous here (a copy when they are not);
 fp16 and bf16 only (TileLang's fp32 GEMM runs in TF32, below the fp32 contract), head dims 64
@@ -32,9 +31,9 @@ HEAD_DIMS = (64, 128)
 FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "row_dot": _row_dot_k.build, "dq_delta": _dq_delta_k.build,
              "dkdv": _dkdv_k.build}
 
-# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim. Timed on an H200 and
-# an H100 (bf16, causal, B=4, H=16, L=4096, D=128; scripts/gpu_check_tilelang_attention.py): these beat
-# 64-key row tiles, dkdv with 32 queries, dQ accumulated in dkdv, and (dq_delta, whose two fp32
+# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim (row_dot: block rows, threads).
+# Timed on an H200 and an H100 (bf16, causal, B=4, H=16, L=4096, D=128; scripts/gpu_check_tilelang_attention.py):
+# these beat 64-key row tiles, dkdv with 32 queries, dQ accumulated in dkdv, and (dq_delta, whose two fp32
 # accumulators need 64-key tiles to stay in registers) the separate row-pass and dQ kernels it replaced.
 # The LSE kernel runs 256 queries per CTA (4 consumer warpgroups): 0.38 vs 0.47 ms for 128 on an H100.
 # At D=64 dq_delta runs 3 stages: 2.539 vs 2.656 ms at B=1, L=16384 on an H100 (at D=128 3 and 4 stages time alike,
