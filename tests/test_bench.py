@@ -134,3 +134,35 @@ def test_commit_override(monkeypatch):
     assert environment(torch.device("cpu"))["git_commit"] == "abc1234"
     monkeypatch.delenv("KD_GIT_COMMIT")
     assert environment(torch.device("cpu"))["git_commit"] != "abc1234"
+
+
+def test_flex_falls_back_to_smaller_tiles_once(monkeypatch):
+    """FlexAttention's default tiles can exceed an H100's shared memory (torch 2.11): the baseline then reruns
+    with FLEX_SMALL_TILES, keeps them for that head dim and direction, and its note says so; any other
+    error still fails the row."""
+    from kernel_dispatch.benchmarks import baselines
+    from kernel_dispatch.benchmarks.common import Candidate
+
+    monkeypatch.setattr(baselines, "_flex_tiles", {})
+    calls = []
+
+    def run(options):
+        calls.append(options)
+        if options is None:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: Required: 245760")
+        return "ran"
+
+    cand = Candidate("flex", note="bias as score_mod")
+    fwd = baselines.with_smaller_tiles(run, (64, "fwd"), cand, "fwd")
+    assert fwd() == "ran" and calls == [None, baselines.FLEX_SMALL_TILES]
+    assert fwd() == "ran" and calls[2:] == [baselines.FLEX_SMALL_TILES]  # the default is not retried
+    assert cand.note == ("bias as score_mod; fwd with kernel_options BLOCK_M=64, BLOCK_N=64, num_stages=2 "
+                         "(torch's default tiles exceed shared memory)")
+
+    def broken(options):
+        raise ValueError("score_mod: bad index")
+
+    with pytest.raises(ValueError, match="bad index"):
+        baselines.with_smaller_tiles(broken, (128, "fwd_bwd"), Candidate("flex"), "fwd+bwd")()
+    assert baselines.out_of_shared_memory(RuntimeError("out of resource: shared memory"))
+    assert not baselines.out_of_shared_memory(RuntimeError("CUDA error: illegal address"))

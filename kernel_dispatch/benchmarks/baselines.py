@@ -103,6 +103,38 @@ def distance_bias_score_mod(bias: torch.Tensor) -> Callable:
     return score_mod
 
 
+# Tiles for FlexAttention where torch's defaults need more shared memory than the card has (torch 2.11 on an
+# H100: forward at D=64 and backward at D=128 ask 245760 / 233472 of 232448 bytes); both head dims run with these.
+FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
+_flex_tiles: dict = {}  # head dim -> {"fwd": options, "fwd_bwd": options} once a default compile ran out of memory
+
+
+def out_of_shared_memory(e: BaseException) -> bool:
+    """Whether ``e`` is Inductor's failure to fit a Triton template into shared memory."""
+    text = str(e)
+    return "out of resource" in text or "No valid triton configs" in text
+
+
+def with_smaller_tiles(run: Callable[[dict | None], object], key: tuple, cand: Candidate, what: str) -> Callable:
+    """run(kernel_options) with torch's default tiles, or with FLEX_SMALL_TILES for good once they ran out of
+    shared memory at ``key`` (head dim, direction); the candidate's note then says so."""
+    def call():
+        head_dim, direction = key
+        options = _flex_tiles.get(head_dim, {}).get(direction)
+        if options is None:
+            try:
+                return run(None)
+            except Exception as e:
+                if not out_of_shared_memory(e):
+                    raise
+                _flex_tiles.setdefault(head_dim, {})[direction] = options = dict(FLEX_SMALL_TILES)
+        tiles = ", ".join(f"{k}={v}" for k, v in options.items())
+        if tiles not in cand.note:
+            cand.note += f"; {what} with kernel_options {tiles} (torch's default tiles exceed shared memory)"
+        return run(options)
+    return call
+
+
 def flex(q, k, v, bias, do, scale: float) -> Candidate:
     """FlexAttention with the distance bias (a score_mod; its gradient is taken too) and a causal mask."""
     note = "bias as score_mod, no Elastic-Softmax"
@@ -114,8 +146,13 @@ def flex(q, k, v, bias, do, scale: float) -> Candidate:
     mask = _causal_block_mask(q.shape[2], str(q.device))
     score_mod = distance_bias_score_mod(bias)
 
-    def forward():
-        return compiled(*(_dynamic(t, 0, 2) for t in (q, k, v)), score_mod=score_mod, block_mask=mask, scale=scale)
+    def forward(options):
+        return compiled(*(_dynamic(t, 0, 2) for t in (q, k, v)), score_mod=score_mod, block_mask=mask, scale=scale,
+                        kernel_options=options)
 
-    return Candidate("flex", forward=forward, fwd_bwd=lambda: torch.autograd.grad(forward(), (q, k, v, bias), do),
-                     note=note)
+    cand = Candidate("flex", note=note)
+    D = q.shape[-1]
+    cand.forward = with_smaller_tiles(forward, (D, "fwd"), cand, "fwd")
+    cand.fwd_bwd = with_smaller_tiles(lambda o: torch.autograd.grad(forward(o), (q, k, v, bias), do), (D, "fwd_bwd"),
+                                      cand, "fwd+bwd")
+    return cand

@@ -75,6 +75,7 @@ def run_candidate(c: Candidate, timer: Timer) -> dict:
                 rec[key] = _guard(thunk, timer)
         if c.check is not None and "error" not in (rec["fwd"] or {}):
             rec["check"] = _guard(c.check, timer)
+    rec["note"] = c.note  # a run may add to it (a baseline's fallback settings)
     rec["seconds"] = round(time.perf_counter() - t0, 2)
     timer.release()
     return rec

@@ -15,7 +15,9 @@ BASELINES = {
     "sdpa_flash": "torch SDPA, flash backend, plain causal attention of the same shape (no bias, no tau)",
     "sdpa_cudnn": "torch SDPA, cuDNN backend, the same plain causal attention",
     "flex": "FlexAttention with the distance bias as a score_mod and a causal block mask (plain softmax: "
-            "the Elastic-Softmax relu(P + tau/i) needs the final LSE, which a score_mod cannot see)",
+            "the Elastic-Softmax relu(P + tau/i) needs the final LSE, which a score_mod cannot see); its backward "
+            "takes the bias gradient too, which FlexAttention accumulates by atomic adds of every score into "
+            "bias[h, distance]",
     "golden_compile": "torch.compile of the golden forward, backward derived by autograd (dense O(L^2) for "
                       "attention)",
 }
