@@ -15,9 +15,9 @@ CAPABILITIES = {
     "lazy_attention": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
                                    notes="Hopper (sm_90a) kernels, checked on H200 and H100; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied; first in "
-                                         "auto: faster than Triton on every benchmarked fwd+bwd and forward (H100) "
-                                         "but one forward, L=1024, D=128, a tie within run-to-run noise (0.406 vs "
-                                         "0.403 ms; Triton took 0.543 in the run before)"),
+                                         "auto: faster than Triton on every benchmarked forward and fwd+bwd (H100) "
+                                         "but one fwd+bwd, L=32768, D=64, a tie within run-to-run noise (30.71 vs "
+                                         "30.51 ms; 30.72 vs 31.26 in the run before)"),
     "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton on the mHC block's fwd+bwd at every benchmarked "
@@ -27,9 +27,9 @@ CAPABILITIES = {
     "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
-# Above Triton (20): docs/benchmarks.md (H100, commits 7776cb2 and f3284e8) shows TileLang faster on every lazy
-# attention fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are named in
-# the notes (lazy attention: one forward at L=1024 by 1%, a tie; mHC: one sub-millisecond forward).
+# Above Triton (20): docs/benchmarks.md (H100, commits ca03af2 and f3284e8) shows TileLang faster on every lazy
+# attention forward and fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are
+# named in the notes (lazy attention: one fwd+bwd at L=32768 by 0.7%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there.
 PRIORITY = {"lazy_attention": 30, "mhc_pre": 30, "mhc_post": 30}
 
