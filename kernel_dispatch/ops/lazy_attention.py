@@ -8,6 +8,7 @@ bias, tau, lengths, O and the fp32 LSE [B, H, L].
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -106,9 +107,25 @@ def validate(q, k, v, bias, tau, scale, lengths, causal) -> None:
         check_shape("lengths", lengths, (B,), "[B]")
     check_same_device(q=q, k=k, v=v, bias=bias, tau=tau, lengths=lengths)
     if lengths is not None and not torch.compiler.is_compiling():
-        lo, hi = int(lengths.min()), int(lengths.max())
+        lo, hi = length_range(lengths)
         if lo < 1 or hi > L:
             raise ValueError(f"lengths: expected every value in [1, L] = [1, {L}], got min {lo}, max {hi}")
+
+
+_length_ranges: dict[int, tuple] = {}  # id(lengths) -> (weak reference, _version, min, max)
+
+
+def length_range(lengths: Tensor) -> tuple[int, int]:
+    """(min, max) of ``lengths`` [B]. Reading them waits for the device, so each tensor is read once per
+    in-place version: the layers of a model that share one lengths tensor pay one wait per batch, not one each."""
+    key = id(lengths)
+    seen = _length_ranges.get(key)
+    if seen is not None and seen[0]() is lengths and seen[1] == lengths._version:
+        return seen[2], seen[3]
+    lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device-to-host copy
+    ref = weakref.ref(lengths, lambda _, key=key: _length_ranges.pop(key, None))
+    _length_ranges[key] = (ref, lengths._version, lo, hi)
+    return lo, hi
 
 
 def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *, scale: float | None = None,
