@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import config, registry
+from . import _readme, config, registry
 from .config import BACKEND_NAMES, OPERATORS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -34,22 +34,14 @@ def markdown_support_table() -> str:
     return "\n".join(lines)
 
 
-README_START, README_END = "<!-- support-table:start -->", "<!-- support-table:end -->"
-
-
 def readme_table(text: str) -> str:
-    """The support table currently between the README markers."""
-    return text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
+    """The support table currently between the README's support-table markers."""
+    return _readme.block(text, "support-table")
 
 
 def update_readme(path: str) -> None:
     """Replace the text between the README's support-table markers with the generated table."""
-    with open(path) as f:
-        text = f.read()
-    head, rest = text.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    with open(path, "w") as f:
-        f.write(f"{head}{README_START}\n{markdown_support_table()}\n{README_END}{tail}")
+    _readme.replace_block(path, "support-table", markdown_support_table())
 
 
 def report(args) -> str:

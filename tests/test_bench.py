@@ -108,7 +108,11 @@ def test_docs_regenerated_from_a_saved_gpu_json(gpu_like, tmp_path, monkeypatch,
     saved.write_text(json.dumps(gpu_like))
     page = tmp_path / "docs" / "benchmarks.md"
     monkeypatch.setattr(docs, "DOCS_PAGE", page)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- speed:start -->\n<!-- speed:end -->\n")
+    monkeypatch.setattr(docs, "README_PAGE", readme)
     assert bench.main(["--from-json", str(saved), "--docs"]) == 0
+    assert "| tilelang |" in readme.read_text() and "NVIDIA H100 80GB HBM3" in readme.read_text()
     assert "| golden |" in capsys.readouterr().out
     text = page.read_text()
     assert "Not a complete GPU run" not in text and "NVIDIA H100 80GB HBM3" in text
@@ -166,3 +170,25 @@ def test_flex_falls_back_to_smaller_tiles_once(monkeypatch):
         baselines.with_smaller_tiles(broken, (128, "fwd_bwd"), Candidate("flex"), "fwd+bwd")()
     assert baselines.out_of_shared_memory(RuntimeError("out of resource: shared memory"))
     assert not baselines.out_of_shared_memory(RuntimeError("CUDA error: illegal address"))
+
+
+def test_readme_speed_summary_is_the_generated_one():
+    """The README's speed block is generated from docs/benchmarks/results.json, so it never drifts from the
+    benchmark page."""
+    from kernel_dispatch import _readme
+
+    data = json.loads((_readme.README.parent / "docs" / "benchmarks" / "results.json").read_text())
+    assert _readme.block(_readme.README.read_text(), "speed") == docs.readme_speed(data), \
+        "README speed summary is stale: run python -m kernel_dispatch.bench --from-json " \
+        "docs/benchmarks/results.json --docs"
+
+
+def test_readme_block_names_missing_markers(tmp_path):
+    from kernel_dispatch import _readme
+
+    page = tmp_path / "README.md"
+    page.write_text("# x\n<!-- speed:start -->\nold\n<!-- speed:end -->\ntail\n")
+    _readme.replace_block(page, "speed", "new")
+    assert page.read_text() == "# x\n<!-- speed:start -->\nnew\n<!-- speed:end -->\ntail\n"
+    with pytest.raises(ValueError, match="support-table:start"):
+        _readme.block(page.read_text(), "support-table")

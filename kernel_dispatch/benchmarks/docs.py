@@ -8,9 +8,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from .. import _readme
 from . import plots, report
 
 DOCS_PAGE = report.REPO / "docs" / "benchmarks.md"
+README_PAGE = _readme.README  # its speed block is written with the docs page
 BASELINES = {
     "sdpa_flash": "torch SDPA, flash backend, plain causal attention of the same shape (no bias, no tau)",
     "sdpa_cudnn": "torch SDPA, cuDNN backend, the same plain causal attention",
@@ -62,8 +64,54 @@ def render(data: dict, assets: str, images: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The README's speed summary: the issues' target shape for lazy attention, the mHC block at its two largest widths.
+SUMMARY_ATTENTION = {"B": 4, "H": 16, "L": 4096, "D": 128, "W": 512}
+SUMMARY_ATTENTION_ROWS = {"tilelang": "tilelang", "triton": "triton",
+                          "sdpa_cudnn": "SDPA cuDNN: plain causal attention (no bias, no Elastic-Softmax)",
+                          "flex": "FlexAttention: bias as score_mod (no Elastic-Softmax), bias gradient included"}
+SUMMARY_MHC = {"T": 16384, "n": 4, "D": (4096, 7168)}
+SUMMARY_MHC_ROWS = {"tilelang": "tilelang", "triton": "triton", "golden_compile": "torch.compile of golden"}
+
+
+def readme_speed(data: dict) -> str:
+    """The README's speed summary (markdown) from a saved GPU run: lazy attention ms at SUMMARY_ATTENTION and the
+    mHC block's fraction of the speed of light at SUMMARY_MHC, each backend and baseline in one row."""
+    def rec(op: str, backend: str, shape: dict):
+        return next((r for r in data["records"] if r["op"] == op and r["backend"] == backend
+                     and all(r["shape"].get(k) == v for k, v in shape.items())), None)
+
+    def ms(r, key):
+        t = (r or {}).get(key) or {}
+        return "—" if "median_ms" not in t else f"{t['median_ms']:.4g}"
+
+    def sol(r, key):
+        x = ((r or {}).get("metrics") or {}).get(f"{key}_sol")
+        return "—" if x is None else f"{100 * x:.0f}%"
+
+    a = SUMMARY_ATTENTION
+    lines = [f"Measured on an {data['env'].get('card')} (commit {data['env'].get('git_commit')}; every number, shape "
+             "and baseline in `docs/benchmarks.md`, regenerated with it).", "",
+             f"| lazy attention, bf16, causal, B={a['B']} H={a['H']} L={a['L']} D={a['D']} W={a['W']} "
+             "| fwd ms | fwd+bwd ms |", "|---|---|---|"]
+    for backend, label in SUMMARY_ATTENTION_ROWS.items():
+        r = rec("lazy_attention", backend, a)
+        lines.append(f"| {label} | {ms(r, 'fwd')} | {ms(r, 'fwd_bwd')} |")
+    m = SUMMARY_MHC
+    head = " | ".join(f"D={d} fwd | D={d} fwd+bwd" for d in m["D"])
+    lines += ["", f"| mHC block (pre, identity, post), bf16, T={m['T']} n={m['n']}: fraction of the speed of light "
+              f"| {head} |", "|---|" + "---|" * (2 * len(m["D"]))]
+    for backend, label in SUMMARY_MHC_ROWS.items():
+        cells = []
+        for d in m["D"]:
+            r = rec("mhc", backend, {"T": m["T"], "n": m["n"], "D": d})
+            cells += [sol(r, "fwd"), sol(r, "fwd_bwd")]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write(data: dict, page: str | Path = DOCS_PAGE, json_path: str | Path | None = None) -> Path:
-    """Write ``page``, its plots and a copy of the JSON into the folder ``<page stem>/`` beside it.
+    """Write ``page``, its plots and a copy of the JSON into the folder ``<page stem>/`` beside it; for the
+    repository's docs page also the README's speed summary.
 
     Raises ValueError when ``data`` is not a GPU run and ``page`` is the repository's docs page.
     """
@@ -85,4 +133,6 @@ def write(data: dict, page: str | Path = DOCS_PAGE, json_path: str | Path | None
         images = []
         print(f"docs: no plots ({e})")
     page.write_text(render(data, page.stem, images))
+    if page == DOCS_PAGE.resolve():
+        _readme.replace_block(README_PAGE, "speed", readme_speed(data))
     return page
