@@ -162,6 +162,8 @@ def test_flex_falls_back_to_smaller_tiles_once(monkeypatch):
     assert fwd() == "ran" and calls[2:] == [baselines.FLEX_SMALL_TILES]  # the default is not retried
     assert cand.note == ("bias as score_mod; fwd with kernel_options BLOCK_M=64, BLOCK_N=64, num_stages=2 "
                          "(torch's default tiles exceed shared memory)")
+    both = baselines.with_smaller_tiles(run, (64, "fwd_bwd"), cand, "fwd+bwd")
+    assert both() == "ran" and cand.note.count("kernel_options") == 2 and "; fwd+bwd with kernel_options" in cand.note
 
     def broken(options):
         raise ValueError("score_mod: bad index")

@@ -63,6 +63,13 @@ def test_lengths_read_once_per_tensor_and_version(monkeypatch):
     with pytest.raises(ValueError, match=r"lengths: .*\[1, 5\].*max 6"):
         attn(lengths=lengths, **L5)
     assert len(reads) == 3
+    with torch.inference_mode():  # inference tensors have no version counter: read, and checked, every call
+        frozen = torch.tensor([6, 4])
+        attn(lengths=frozen)
+        frozen[0] = 7
+        with pytest.raises(ValueError, match=r"lengths: .*max 7"):
+            attn(lengths=frozen)
+    assert len(reads) == 5
 
 
 def test_lazy_attention_different_devices():

@@ -128,9 +128,9 @@ def with_smaller_tiles(run: Callable[[dict | None], object], key: tuple, cand: C
                 if not out_of_shared_memory(e):
                     raise
                 _flex_tiles.setdefault(head_dim, {})[direction] = options = dict(FLEX_SMALL_TILES)
-        tiles = ", ".join(f"{k}={v}" for k, v in options.items())
-        if tiles not in cand.note:
-            cand.note += f"; {what} with kernel_options {tiles} (torch's default tiles exceed shared memory)"
+        said = f"{what} with kernel_options {', '.join(f'{k}={v}' for k, v in options.items())}"
+        if said not in cand.note:
+            cand.note += f"; {said} (torch's default tiles exceed shared memory)"
         return run(options)
     return call
 

@@ -85,8 +85,7 @@ def readme_speed(data: dict) -> str:
         return "—" if "median_ms" not in t else f"{t['median_ms']:.4g}"
 
     def sol(r, key):
-        x = ((r or {}).get("metrics") or {}).get(f"{key}_sol")
-        return "—" if x is None else f"{100 * x:.0f}%"
+        return report.pct(((r or {}).get("metrics") or {}).get(f"{key}_sol"))
 
     a = SUMMARY_ATTENTION
     lines = [f"Measured on an {data['env'].get('card')} (commit {data['env'].get('git_commit')}; every number, shape "

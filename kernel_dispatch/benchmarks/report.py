@@ -91,6 +91,11 @@ def _num(x: float | None, digits: int = 4) -> str:
     return "—" if x is None else f"{x:.{digits}g}"
 
 
+def pct(x: float | None) -> str:
+    """A fraction as a whole percentage, or a dash."""
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
 def _time(r: dict | None) -> str:
     if not r or "median_ms" not in r:
         return "—"
@@ -155,7 +160,6 @@ def mhc_table(records: list[dict]) -> str:
     header = ["T", "n", "D", "backend", "fwd ms", "fwd GB/s", "fwd SOL", "fwd+bwd ms", "fwd+bwd GB/s",
               "fwd+bwd SOL", "peak MiB fwd / f+b", "max abs err fwd / bwd", "rel err fwd / bwd", "notes"]
     rows = []
-    pct = lambda x: "—" if x is None else f"{100 * x:.0f}%"  # noqa: E731
     for r in sorted(records, key=lambda r: (r["shape"]["D"], r["shape"]["T"])):
         s, m = r["shape"], r["metrics"]
         rows.append([str(s["T"]), str(s["n"]), str(s["D"]), r["backend"], _time(r["fwd"]), _num(m.get("fwd_gbps")),

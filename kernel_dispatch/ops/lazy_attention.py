@@ -117,14 +117,17 @@ _length_ranges: dict[int, tuple] = {}  # id(lengths) -> (weak reference, _versio
 
 def length_range(lengths: Tensor) -> tuple[int, int]:
     """(min, max) of ``lengths`` [B]. Reading them waits for the device, so each tensor is read once per
-    in-place version: the layers of a model that share one lengths tensor pay one wait per batch, not one each."""
+    in-place version: the layers of a model that share one lengths tensor pay one wait per batch, not one each.
+    Inference-mode tensors keep no version counter and are read on every call."""
     key = id(lengths)
     seen = _length_ranges.get(key)
-    if seen is not None and seen[0]() is lengths and seen[1] == lengths._version:
+    version = None if lengths.is_inference() else lengths._version
+    if version is not None and seen is not None and seen[0]() is lengths and seen[1] == version:
         return seen[2], seen[3]
     lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device-to-host copy
-    ref = weakref.ref(lengths, lambda _, key=key: _length_ranges.pop(key, None))
-    _length_ranges[key] = (ref, lengths._version, lo, hi)
+    if version is not None:
+        ref = weakref.ref(lengths, lambda _, key=key: _length_ranges.pop(key, None))
+        _length_ranges[key] = (ref, version, lo, hi)
     return lo, hi
 
 
