@@ -115,3 +115,50 @@ def test_torch_compile_fullgraph_matches_eager(residual):
     torch.testing.assert_close(x.grad, gx, rtol=1e-5, atol=1e-6)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+_OP_MODULES = {"lazy_attention": "kernel_dispatch.ops.lazy_attention", "mhc_pre": "kernel_dispatch.ops.mhc_pre",
+               "mhc_post": "kernel_dispatch.ops.mhc_post"}
+_CASES = {"lazy_attention": ATTN_CASES[5], "mhc_pre": MHC_CASES[0], "mhc_post": MHC_CASES[0]}
+
+
+def _refuse(*args):
+    raise AssertionError("this path must not run")
+
+
+@pytest.mark.parametrize("op", list(_OP_MODULES))
+def test_eager_calls_the_implementation_directly(op, monkeypatch):
+    """Plain eager mode skips the custom-op dispatcher (host time) and runs the same implementation."""
+    import importlib
+
+    mod = importlib.import_module(_OP_MODULES[op])
+    inp = make_inputs(op, _CASES[op], torch.float32)
+    ref = run(op, inp, "golden")
+    for custom in (f"{op}_fwd", f"{op}_bwd"):
+        monkeypatch.setattr(mod, custom, _refuse)
+    got = run(op, inp, "golden")
+    for name in ref:
+        assert torch.equal(got[name], ref[name]), name
+    monkeypatch.setattr(mod, "_fwd", _refuse)
+    with pytest.raises(AssertionError, match="must not run"):
+        run(op, inp, "golden")
+
+
+@pytest.mark.parametrize("op", list(_OP_MODULES))
+def test_fake_tensors_go_through_the_custom_op(op, monkeypatch):
+    """Under FakeTensorMode (as torch.compile and memory estimators trace) the custom op's fake runs, never
+    the kernels."""
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mod = importlib.import_module(_OP_MODULES[op])
+    monkeypatch.setattr(mod, "_fwd", _refuse)
+    monkeypatch.setattr(mod, "_bwd", _refuse)
+    inp = make_inputs(op, _CASES[op], torch.float32)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        got = run(op, inp, "golden")
+    grads = {name: t for name, t in got.items() if name[1:] in inp.tensors}
+    assert len(grads) == len(inp.tensors), sorted(got)
+    for name, t in grads.items():
+        assert isinstance(t, torch._subclasses.fake_tensor.FakeTensor) and t.shape == inp.tensors[name[1:]].shape, name

@@ -3,10 +3,15 @@
 Resolution reads the environment, context variables and caches, which torch.compile cannot
 trace; :func:`backend_pair` is therefore a constant to Dynamo (computed once while tracing,
 baked into the graph) and the chosen names flow into the custom ops as strings.
+
+The autograd nodes reach the kernels through :func:`call_op`: the custom op while anything
+traces (torch.compile, fake tensors, functionalization, tensor subclasses), the same Python
+implementation directly in plain eager mode, where the dispatcher's wrapper (its autograd and
+aliasing checks) cost 60-200 us of host time per call on an H100 host.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -26,6 +31,23 @@ def backend_pair(op: str, meta: dict, backend: Any) -> tuple[str, str]:
     if isinstance(backend, list):
         backend = tuple(backend)
     return _pair(op, tuple(sorted(meta.items())), backend)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def call_op(op: Callable, impl: Callable, *args: Any) -> Any:
+    """``impl(*args)`` in plain eager mode, else the custom op ``op(*args)`` that wraps ``impl``.
+
+    Plain eager: not compiling, no TorchDispatchMode active, every tensor argument a plain tensor or
+    Parameter off the meta device. Both paths run the same implementation on the same arguments.
+    """
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return op(*args)
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type == "meta"):
+            return op(*args)
+    return impl(*args)
 
 
 def fmt_shape(t: torch.Tensor) -> str:

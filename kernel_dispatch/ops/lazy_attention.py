@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import registry
-from ._frontend import (PARAM_DTYPES, backend_pair, check_float, check_same_device, check_shape, check_tensor,
+from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_same_device, check_shape, check_tensor,
                         fmt_shape)
 
 OP = "lazy_attention"
@@ -25,11 +25,13 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("kernel_dispatch::lazy_attention_fwd", mutates_args=())
-def lazy_attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float,
-                       lengths: Optional[Tensor], causal: bool, backend: str) -> tuple[Tensor, Tensor]:
+def _fwd(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float, lengths: Optional[Tensor],
+         causal: bool, backend: str) -> tuple[Tensor, Tensor]:
     """O [B, H, L, D] (q's dtype, contiguous) and LSE [B, H, L] (fp32) from ``backend``."""
     return registry.kernels(OP, backend).forward(q, k, v, bias, tau, scale, lengths, causal)
+
+
+lazy_attention_fwd = torch.library.custom_op("kernel_dispatch::lazy_attention_fwd", _fwd, mutates_args=())
 
 
 @lazy_attention_fwd.register_fake
@@ -37,12 +39,13 @@ def _(q, k, v, bias, tau, scale, lengths, causal, backend):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("kernel_dispatch::lazy_attention_bwd", mutates_args=())
-def lazy_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, o: Tensor,
-                       lse: Tensor, scale: float, lengths: Optional[Tensor], causal: bool,
-                       backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, o: Tensor, lse: Tensor, scale: float,
+         lengths: Optional[Tensor], causal: bool, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau)."""
     return tuple(registry.kernels(OP, backend).backward(do, q, k, v, bias, tau, o, lse, scale, lengths, causal))
+
+
+lazy_attention_bwd = torch.library.custom_op("kernel_dispatch::lazy_attention_bwd", _bwd, mutates_args=())
 
 
 @lazy_attention_bwd.register_fake
@@ -56,8 +59,7 @@ class LazyAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, tau, scale, lengths, causal, fwd_backend, bwd_backend):
-        o, lse = torch.ops.kernel_dispatch.lazy_attention_fwd(q, k, v, bias, tau, scale, lengths, causal,
-                                                              fwd_backend)
+        o, lse = call_op(lazy_attention_fwd, _fwd, q, k, v, bias, tau, scale, lengths, causal, fwd_backend)
         ctx.save_for_backward(q, k, v, bias, tau, o, lse, lengths)
         ctx.scale, ctx.causal, ctx.bwd_backend = scale, causal, bwd_backend
         return o
@@ -65,8 +67,8 @@ class LazyAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, bias, tau, o, lse, lengths = ctx.saved_tensors
-        dq, dk, dv, dbias, dtau = torch.ops.kernel_dispatch.lazy_attention_bwd(
-            do, q, k, v, bias, tau, o, lse, ctx.scale, lengths, ctx.causal, ctx.bwd_backend)
+        dq, dk, dv, dbias, dtau = call_op(lazy_attention_bwd, _bwd, do, q, k, v, bias, tau, o, lse, ctx.scale,
+                                          lengths, ctx.causal, ctx.bwd_backend)
         return dq, dk, dv, dbias, dtau, None, None, None, None, None
 
 

@@ -12,15 +12,17 @@ import torch
 from torch import Tensor
 
 from .. import registry
-from ._frontend import PARAM_DTYPES, backend_pair, check_same_device, check_shape, check_tensor, fmt_shape
+from ._frontend import PARAM_DTYPES, backend_pair, call_op, check_same_device, check_shape, check_tensor, fmt_shape
 
 OP = "mhc_post"
 
 
-@torch.library.custom_op("kernel_dispatch::mhc_post_fwd", mutates_args=())
-def mhc_post_fwd(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, backend: str) -> Tensor:
+def _fwd(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, backend: str) -> Tensor:
     """out [T, n, D] in x's dtype for f [T, D], x [T, n, D], h_post [T, n], h_res [T, n, n]."""
     return registry.kernels(OP, backend).forward(f, x, h_post, h_res)
+
+
+mhc_post_fwd = torch.library.custom_op("kernel_dispatch::mhc_post_fwd", _fwd, mutates_args=())
 
 
 @mhc_post_fwd.register_fake
@@ -28,11 +30,13 @@ def _(f, x, h_post, h_res, backend):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("kernel_dispatch::mhc_post_bwd", mutates_args=())
-def mhc_post_bwd(g: Tensor, f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor,
-                 backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _bwd(g: Tensor, f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor,
+         backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(df [T, D], dx [T, n, D], dh_post [T, n], dh_res [T, n, n]) for upstream g [T, n, D]."""
     return tuple(registry.kernels(OP, backend).backward(g, f, x, h_post, h_res))
+
+
+mhc_post_bwd = torch.library.custom_op("kernel_dispatch::mhc_post_bwd", _bwd, mutates_args=())
 
 
 @mhc_post_bwd.register_fake
@@ -47,12 +51,12 @@ class MHCPostFunction(torch.autograd.Function):
     def forward(ctx, f, x, h_post, h_res, fwd_backend, bwd_backend):
         ctx.save_for_backward(f, x, h_post, h_res)
         ctx.bwd_backend = bwd_backend
-        return torch.ops.kernel_dispatch.mhc_post_fwd(f, x, h_post, h_res, fwd_backend)
+        return call_op(mhc_post_fwd, _fwd, f, x, h_post, h_res, fwd_backend)
 
     @staticmethod
     def backward(ctx, g):
         f, x, h_post, h_res = ctx.saved_tensors
-        df, dx, dh_post, dh_res = torch.ops.kernel_dispatch.mhc_post_bwd(g, f, x, h_post, h_res, ctx.bwd_backend)
+        df, dx, dh_post, dh_res = call_op(mhc_post_bwd, _bwd, g, f, x, h_post, h_res, ctx.bwd_backend)
         return df, dx, dh_post, dh_res, None, None
 
 

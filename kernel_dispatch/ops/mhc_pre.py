@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from .. import registry
-from ._frontend import (PARAM_DTYPES, backend_pair, check_float, check_positive_int, check_same_device, check_shape,
-                        check_tensor, fmt_shape)
+from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_positive_int, check_same_device,
+                        check_shape, check_tensor, fmt_shape)
 
 OP = "mhc_pre"
 
@@ -27,13 +27,15 @@ def _ct(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("kernel_dispatch::mhc_pre_fwd", mutates_args=())
-def mhc_pre_fwd(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Optional[Tensor], sinkhorn_iters: int,
-                post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float,
-                backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _fwd(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Optional[Tensor], sinkhorn_iters: int,
+         post_mult: float, norm_eps: float, pre_eps: float, sinkhorn_eps: float,
+         backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(h_in [T, D], h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]) for x [T, n, D]."""
     return tuple(registry.kernels(OP, backend).forward(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult,
                                                        norm_eps, pre_eps, sinkhorn_eps))
+
+
+mhc_pre_fwd = torch.library.custom_op("kernel_dispatch::mhc_pre_fwd", _fwd, mutates_args=())
 
 
 @mhc_pre_fwd.register_fake
@@ -44,11 +46,10 @@ def _(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, 
             x.new_empty(T, phi.shape[0], dtype=ct), x.new_empty(T, dtype=ct))
 
 
-@torch.library.custom_op("kernel_dispatch::mhc_pre_bwd", mutates_args=())
-def mhc_pre_bwd(dh_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor,
-                gamma: Optional[Tensor], z: Tensor, inv_rms: Tensor, sinkhorn_iters: int, post_mult: float,
-                norm_eps: float, pre_eps: float, sinkhorn_eps: float, backend: str,
-                dx_acc: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _bwd(dh_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor,
+         gamma: Optional[Tensor], z: Tensor, inv_rms: Tensor, sinkhorn_iters: int, post_mult: float,
+         norm_eps: float, pre_eps: float, sinkhorn_eps: float, backend: str,
+         dx_acc: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dx, dphi, dalpha, dbias, dgamma); dgamma is an empty [0] tensor when gamma is None.
 
     ``dx_acc`` [T, n, D] (x's dtype) or None: the residual path's gradient of x, added into dx.
@@ -62,6 +63,9 @@ def mhc_pre_bwd(dh_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, phi: 
     return dx, dphi, dalpha, dbias, dgamma
 
 
+mhc_pre_bwd = torch.library.custom_op("kernel_dispatch::mhc_pre_bwd", _bwd, mutates_args=())
+
+
 @mhc_pre_bwd.register_fake
 def _(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *args):
     return (x.new_empty(x.shape), phi.new_empty(phi.shape), alpha.new_empty(alpha.shape), bias.new_empty(bias.shape),
@@ -73,8 +77,7 @@ class MHCPreFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, phi, alpha, bias, gamma, hp, fwd_backend, bwd_backend, residual=False):
-        h_in, h_post, h_res, z, inv_rms = torch.ops.kernel_dispatch.mhc_pre_fwd(x, phi, alpha, bias, gamma, *hp,
-                                                                                fwd_backend)
+        h_in, h_post, h_res, z, inv_rms = call_op(mhc_pre_fwd, _fwd, x, phi, alpha, bias, gamma, *hp, fwd_backend)
         ctx.save_for_backward(x, phi, alpha, bias, gamma, z, inv_rms)
         ctx.hp, ctx.bwd_backend = hp, bwd_backend
         ctx.mark_non_differentiable(z, inv_rms)
@@ -91,9 +94,9 @@ class MHCPreFunction(torch.autograd.Function):
         dh_in = x.new_zeros(T, D) if dh_in is None else dh_in
         dh_post = z.new_zeros(T, n, dtype=ct) if dh_post is None else dh_post
         dh_res = z.new_zeros(T, n, n, dtype=ct) if dh_res is None else dh_res
-        dx, dphi, dalpha, dbias, dgamma = torch.ops.kernel_dispatch.mhc_pre_bwd(
-            dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp, ctx.bwd_backend,
-            None if dx_res is None else dx_res.to(x.dtype))
+        dx, dphi, dalpha, dbias, dgamma = call_op(
+            mhc_pre_bwd, _bwd, dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp,
+            ctx.bwd_backend, None if dx_res is None else dx_res.to(x.dtype))
         return dx, dphi, dalpha, dbias, (dgamma if gamma is not None else None), None, None, None, None
 
 
