@@ -74,6 +74,21 @@ def _lens(lengths, B: int, L: int, device) -> torch.Tensor:
     return lengths.to(device=device, dtype=torch.int32).contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def _causal_inv_i(B: int, L: int, LP: int, device) -> torch.Tensor:
+    """[B, LP] fp32: 1/i = 1/(m + 1) for causal row m < L, 0 in the padding (cached: the backward reads it only)."""
+    inv_i = torch.zeros(B, LP, dtype=torch.float32, device=device)
+    inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, dtype=torch.float32, device=device)
+    return inv_i
+
+
+def _full_inv_i(lens: torch.Tensor, L: int, LP: int) -> torch.Tensor:
+    """[B, LP] fp32: 1/i = 1/lengths[b] for every row m < L (causal=False), 0 in the padding."""
+    inv_i = torch.zeros(lens.shape[0], LP, dtype=torch.float32, device=lens.device)
+    inv_i[:, :L] = (1.0 / lens.to(torch.float32))[:, None]
+    return inv_i
+
+
 def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
     """O [B, H, L, D] (q's dtype, contiguous) and LSE [B, H, L] fp32 (natural log).
 
@@ -109,26 +124,27 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     tau32 = tau.to(torch.float32).contiguous()
     lens = _lens(lengths, B, L, dev)
     LP = -(-L // 4) * 4  # padded row length: the dK/dV kernel TMA-loads rows of these vectors
-    lse_p = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
-    lse_p[..., :L] = lse
-    delta = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
-    rdiv = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
-    inv_i = torch.zeros(B, LP, dtype=torch.float32, device=dev)
-    if causal:
-        inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, dtype=torch.float32, device=dev)
+    # with LP == L every column of the row vectors is written before it is read: no fills
+    rows = functools.partial(torch.empty if LP == L else torch.zeros, B, H, LP, dtype=torch.float32, device=dev)
+    if LP == L and lse.dtype == torch.float32 and lse.is_contiguous() and lse.data_ptr() % 16 == 0:
+        lse_p = lse  # read only, and TMA-aligned
     else:
-        inv_i[:, :L] = (1.0 / lens.to(torch.float32))[:, None]
+        lse_p = rows()
+        lse_p[..., :L] = lse
+    delta, rdiv = rows(), rows()
+    d0 = rows()  # dO . O, the dQ sweep's first estimate of Delta
+    inv_i = _causal_inv_i(B, L, LP, dev) if causal else _full_inv_i(lens, L, LP)
     dk = torch.empty_like(kc)
     dv = torch.empty_like(vc)
     dq = torch.empty_like(qc)
     partial = torch.zeros(B, H, -(-L // CONFIGS[D]["dkdv"][1]), min(W, L), dtype=torch.float32, device=dev)
-    d0 = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)  # dO . O, the dQ sweep's first estimate of Delta
     s = float(scale)
     with torch.cuda.device(dev):
         _kernel("row_dot", q, causal)(doc, o.to(q.dtype).contiguous(), d0)
         _kernel("dq_delta", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, d0, delta, rdiv, dq, s)
         _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial, s)
-    dbias = torch.zeros(H, W, dtype=torch.float64, device=dev)
-    dbias[:, :partial.shape[-1]] = partial.double().sum((0, 2))
-    dtau = rdiv.double().sum((0, 2))
+    dbias = partial.sum((0, 2), dtype=torch.float64)  # fixed-order sums of the per-key-block partials
+    if dbias.shape[1] < W:  # distances >= L: no pair of positions is that far apart
+        dbias = torch.nn.functional.pad(dbias, (0, W - dbias.shape[1]))
+    dtau = rdiv.sum((0, 2), dtype=torch.float64)
     return dq, dk, dv, dbias.to(bias.dtype), dtau.to(tau.dtype)
