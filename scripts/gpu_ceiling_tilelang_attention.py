@@ -6,7 +6,8 @@ Kernels written here, not shipped: fa_sync, the online-softmax forward with sync
 structure, 128 x 128 tiles, 2 consumer warpgroups); fa_ordered, the same body under T.Pipelined order/stage (the
 QK^T of block k issued before the softmax of block k and the PV of block k - 1, the schedule TileLang's own
 examples use); lse_only_128 / _256, the LSE sweep alone (one GEMM and the exponentials; 128 or 256 queries per CTA).
-Times are medians of 5 interleaved rounds of 30 CUDA-event runs with L2 flushed.
+Times are medians of 5 interleaved rounds of 25 CUDA-event runs with L2 flushed (the ninth session's numbers
+came from 30-run rounds with a sync after each run).
 
   python scripts/gpu_ceiling_tilelang_attention.py --prebuild   # CPU: sm_90a build into .devcache/fa-ceiling-cache.tar.xz
   python scripts/gpu_ceiling_tilelang_attention.py              # GPU (carry .devcache)
@@ -147,23 +148,16 @@ def gpu():
     from torch.nn.attention import sdpa_kernel, SDPBackend
     from kernel_dispatch.backends.tilelang import lazy_attention as tla
     from kernel_dispatch.benchmarks import attention as A
+    from kernel_dispatch.benchmarks.timing import Settings, Timer
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     B, H, L, D = 4, 16, 4096, 128
     q, k, v = (torch.randn(B, H, L, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     scale = 1 / math.sqrt(D)
     o = torch.empty_like(q); lse = torch.empty(B, H, L, device=dev)
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
 
-    def bench(fn, reps=30):
-        for _ in range(5): fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-        return statistics.median(ts)
+    timer = Timer(dev, Settings(warmup=3, min_reps=25, max_reps=25))
+    bench = lambda fn: timer.measure(fn)["median_ms"]  # noqa: E731  (L2 flushed, CUDA events, median)
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -2,7 +2,8 @@
 bias, no Elastic-Softmax) at B=4, H=16, L=4096, D=128 bf16, next to SDPA cuDNN: what a Triton pass costs before any
 lazy-attention work (docs/lazy-attention-speed.md, ninth session). The kernel (written here, not shipped) is the
 online-softmax forward, causal blocks masked only on the diagonal; WITH_PV=False leaves the LSE sweep alone. Each of
-eight tile configs is timed, then the best again in 5 rounds interleaved with cuDNN.
+eight tile configs is timed, then the best again in 5 rounds interleaved with cuDNN (kernel_dispatch's Timer: L2
+flushed, CUDA events; the ninth session's numbers came from the same timing with a sync after each run).
 
   python scripts/gpu_ceiling_triton_attention.py   # GPU
 """
@@ -10,6 +11,8 @@ import math, statistics
 import torch, triton, triton.language as tl
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
+
+from kernel_dispatch.benchmarks.timing import Settings, Timer
 
 
 @triton.jit
@@ -64,17 +67,9 @@ def main():
     q, k, v = (torch.randn(B, H, L, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     o = torch.empty_like(q); lse = torch.empty(B * H, L, device=dev)
     qk_scale = 1 / math.sqrt(D) * 1.4426950408889634
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
 
-    def bench(fn, reps=25):
-        for _ in range(3): fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-        return statistics.median(ts)
+    timer = Timer(dev, Settings(warmup=3, min_reps=25, max_reps=25))
+    bench = lambda fn: timer.measure(fn)["median_ms"]  # noqa: E731  (L2 flushed, CUDA events, median)
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
