@@ -89,3 +89,54 @@ def test_mhc_block_step_replays(backend):
         return (out, *torch.autograd.grad(out, leaves, gout))
 
     _capture_and_check(step, (x, phi))
+
+
+def test_tilelang_constants_first_made_inside_capture():
+    """A shape first met inside a capture: the launchers' reused constants (1/i of causal rows, ones for
+    gamma=None) are made by kernels that capture only records, so they must not be cached for later eager calls."""
+    _skip_unless_runs("lazy_attention", "tilelang", {"device": "cuda", "dtype": torch.bfloat16, "head_dim": 64,
+                                                     "gqa": False, "lengths": False, "causal": True,
+                                                     "bias_length": 8})
+    _skip_unless_runs("mhc_pre", "tilelang", {"device": "cuda", "dtype": torch.bfloat16, "n": 4, "D": 4096})
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def attn_inputs(B, L):
+        q, k, v = (torch.randn(B, 2, L, 64, device="cuda", generator=g).bfloat16().requires_grad_()
+                   for _ in range(3))
+        bias = (0.5 * torch.randn(2, 8, device="cuda", generator=g)).requires_grad_()
+        tau = torch.tensor([-0.9, -0.6], device="cuda").requires_grad_()
+        return (q, k, v, bias, tau), torch.randn(B, 2, L, 64, device="cuda", generator=g).bfloat16()
+
+    def mhc_inputs(T):
+        x = torch.randn(T, 4, 4096, device="cuda", generator=g).bfloat16().requires_grad_()
+        phi = (0.05 * torch.randn(24, 4 * 4096, device="cuda", generator=g)).requires_grad_()
+        alpha = torch.tensor([0.8, 1.2, 0.9], device="cuda").requires_grad_()
+        bias = (0.3 * torch.randn(24, device="cuda", generator=g)).requires_grad_()
+        return (x, phi, alpha, bias), torch.randn(T, 4, 4096, device="cuda", generator=g).bfloat16()
+
+    def attn_step(leaves, do):
+        o = kd.lazy_attention(*leaves, backend="tilelang")
+        return (o, *torch.autograd.grad(o, leaves, do))
+
+    def mhc_step(leaves, gout):
+        h_in, h_post, h_res, x_res = kd.mhc_pre(*leaves, None, backend="tilelang", return_residual=True)
+        out = kd.mhc_post(h_in, x_res, h_post, h_res, backend="tilelang")
+        return (out, *torch.autograd.grad(out, leaves, gout))
+
+    # compile and load the kernels at other shapes; gamma=None only inside the capture
+    attn_step(*attn_inputs(1, 96))
+    warm_x, warm_g = mhc_inputs(8)
+    h_in, h_post, h_res, x_res = kd.mhc_pre(*warm_x, warm_x[0].new_ones(4 * 4096).float(), backend="tilelang",
+                                            return_residual=True)
+    torch.autograd.grad(kd.mhc_post(h_in, x_res, h_post, h_res, backend="tilelang"), warm_x, warm_g)
+    torch.cuda.synchronize()
+    attn, mhc = attn_inputs(3, 200), mhc_inputs(16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attn_step(*attn) + mhc_step(*mhc)
+    # eager before any replay: a constant cached during the capture would still hold unwritten memory here
+    expected = attn_step(*attn) + mhc_step(*mhc)
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, (got, want) in enumerate(zip(captured, expected)):
+        assert torch.equal(got, want), f"output {i}: eager after the capture differs from the replay"

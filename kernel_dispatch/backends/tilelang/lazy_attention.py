@@ -20,6 +20,7 @@ import functools
 import torch
 
 from . import _build
+from ._constants import constant
 from . import _lazy_attention_dkdv_kernel as _dkdv_k
 from . import _lazy_attention_dq_delta_kernel as _dq_delta_k
 from . import _lazy_attention_fwd_kernel as _fwd_k
@@ -74,12 +75,13 @@ def _lens(lengths, B: int, L: int, device) -> torch.Tensor:
     return lengths.to(device=device, dtype=torch.int32).contiguous()
 
 
-@functools.lru_cache(maxsize=64)
 def _causal_inv_i(B: int, L: int, LP: int, device) -> torch.Tensor:
-    """[B, LP] fp32: 1/i = 1/(m + 1) for causal row m < L, 0 in the padding (cached: the backward reads it only)."""
-    inv_i = torch.zeros(B, LP, dtype=torch.float32, device=device)
-    inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, dtype=torch.float32, device=device)
-    return inv_i
+    """[B, LP] fp32: 1/i = 1/(m + 1) for causal row m < L, 0 in the padding (reused: the backward reads it only)."""
+    def make():
+        inv_i = torch.zeros(B, LP, dtype=torch.float32, device=device)
+        inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, dtype=torch.float32, device=device)
+        return inv_i
+    return constant(("causal_inv_i", B, L, LP, device), make)
 
 
 def _full_inv_i(lens: torch.Tensor, L: int, LP: int) -> torch.Tensor:

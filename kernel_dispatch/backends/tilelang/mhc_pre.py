@@ -24,6 +24,7 @@ import torch
 from . import (_mhc_pre_apply_kernel, _mhc_pre_bwd_dot_kernel, _mhc_pre_bwd_dx_kernel, _mhc_pre_bwd_mix_kernel,
                _mhc_pre_bwd_param_kernel, _mhc_pre_gemm_kernel, _mhc_pre_mix_kernel, _mhc_pre_weights_kernel)
 from ...golden.mhc_pre import check_dx_acc
+from ._constants import constant
 from ._mhc_common import N_STREAMS, bf16_pieces, check_streams, dense, kernel, sm_count, tl_dtype
 
 F32 = torch.float32
@@ -82,14 +83,8 @@ def _kernels(x, hp) -> dict:
     return ks
 
 
-_consts: dict = {}
-
-
 def _ones(K: int, device) -> torch.Tensor:
-    key = ("ones", K, device)
-    if key not in _consts:
-        _consts[key] = torch.ones(K, dtype=F32, device=device)
-    return _consts[key]
+    return constant(("ones", K, device), lambda: torch.ones(K, dtype=F32, device=device))
 
 
 def _check_params(x, phi, alpha, bias, gamma):
@@ -104,10 +99,7 @@ def _check_params(x, phi, alpha, bias, gamma):
 
 def _acc_dummy(n: int, D: int, dtype, device) -> torch.Tensor:
     """The DXA argument of a dx kernel built without ``acc`` (never read)."""
-    key = ("acc", n, D, dtype, device)
-    if key not in _consts:
-        _consts[key] = torch.zeros((1, n, D), dtype=dtype, device=device)
-    return _consts[key]
+    return constant(("acc", n, D, dtype, device), lambda: torch.zeros((1, n, D), dtype=dtype, device=device))
 
 
 def _gamma32(gamma, K, device):
