@@ -249,3 +249,28 @@ def test_shipped_configs_load():
     for name in ("tiny", "gpu-small", "gpu-ddp"):
         cfg = tcfg.load_run_config(f"configs/{name}.yaml")
         assert cfg.model.dim % cfg.model.n_heads == 0
+
+
+@pytest.mark.parametrize("train, message", [
+    ({"cuda_graph": True, "compile": True}, "train.cuda_graph: cannot be combined with train.compile"),
+    ({"cuda_graph": True, "device": "cpu"}, "train.cuda_graph: needs train.device cuda"),
+])
+def test_cuda_graph_config_errors(train, message, tmp_path):
+    with pytest.raises(kd.ConfigError, match=message.replace(".", r"\.")):
+        small_config(tmp_path, **train)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+def test_cuda_graph_needs_cuda_at_run_time(tmp_path):
+    cfg = small_config(tmp_path, device="auto", cuda_graph=True)
+    with pytest.raises(kd.ConfigError, match="train.cuda_graph: needs a CUDA device, got cpu"):
+        loop.train(cfg)
+
+
+def test_cuda_graph_one_process_only(tmp_path):
+    import types
+
+    cfg = small_config(tmp_path, device="auto", cuda_graph=True)
+    env = types.SimpleNamespace(device=torch.device("cuda"), distributed=True)
+    with pytest.raises(kd.ConfigError, match="train.cuda_graph: one process only"):
+        loop._check_cuda_graph(cfg, env)

@@ -68,6 +68,7 @@ class TrainConfig:
     dtype: str = "float32"  # float32 | bfloat16 (autocast around matmuls, bf16 activations)
     dist: str = "ddp"  # under torchrun: ddp | fsdp2
     compile: bool = False
+    cuda_graph: bool = False  # capture each step's forward+backward in a CUDA graph (one CUDA process)
     progress: bool = True  # the tqdm bar (rank 0)
     plot: bool = True  # loss.png in out_dir at the end
 
@@ -112,6 +113,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.threads: expected >= 0 (0: torch's default), got {cfg.train.threads}")
     if cfg.train.max_steps < 0:
         raise ConfigError(f"train.max_steps: expected >= 0, got {cfg.train.max_steps}")
+    if cfg.train.cuda_graph and cfg.train.compile:
+        raise ConfigError("train.cuda_graph: cannot be combined with train.compile (capture the eager model; "
+                          "torch.compile(mode='reduce-overhead') is the compiled form)")
+    if cfg.train.cuda_graph and cfg.train.device == "cpu":
+        raise ConfigError("train.cuda_graph: needs train.device cuda (or auto on a CUDA machine), got cpu")
 
 
 def _get(cfg: RunConfig, dotted: str):

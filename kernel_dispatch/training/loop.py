@@ -25,6 +25,7 @@ from ..config import ConfigError
 from . import checkpoint, distributed
 from .config import RunConfig, to_dict
 from .data import ByteCorpus, ShardedSampler, eval_batches
+from .graphed import GraphedStep
 from .model import LazyLM, backend_line, resolve_backends
 from .plot import loss_curve
 
@@ -49,8 +50,8 @@ def lr_at(step: int, cfg: RunConfig) -> float:
 
 
 def _autocast(cfg: RunConfig, device: torch.device):
-    if cfg.train.dtype == "bfloat16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if cfg.train.dtype == "bfloat16":  # no weight-cast cache under CUDA-graph capture (PyTorch's graph rules)
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not cfg.train.cuda_graph)
     return contextlib.nullcontext()
 
 
@@ -58,6 +59,13 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, re
     with _autocast(cfg, x.device):
         logits = model(x)
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction=reduction)
+
+
+def _check_cuda_graph(cfg: RunConfig, env: distributed.DistEnv) -> None:
+    if cfg.train.cuda_graph and env.device.type != "cuda":
+        raise ConfigError(f"train.cuda_graph: needs a CUDA device, got {env.device.type}")
+    if cfg.train.cuda_graph and env.distributed:
+        raise ConfigError("train.cuda_graph: one process only (DDP and FSDP2 communicate inside the step)")
 
 
 @torch.no_grad()
@@ -93,6 +101,7 @@ def train(cfg: RunConfig, resume: str | None = None, config_name: str = "") -> R
 def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_name: str) -> RunResult:
     t_start = time.perf_counter()
     tc, dev = cfg.train, env.device
+    _check_cuda_graph(cfg, env)
     log = (lambda msg: tqdm.write(msg, file=sys.stdout)) if env.is_main else (lambda msg: None)
     act_dtype = torch.bfloat16 if tc.dtype == "bfloat16" else torch.float32
     if dev.type == "cuda":
@@ -141,17 +150,25 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
     bar = tqdm(total=tc.max_steps, initial=step, unit="step", dynamic_ncols=True,
                disable=not (env.is_main and tc.progress))
     model.train()
+    graphed = None  # with train.cuda_graph: captured after this process's first (eager) step
     while step < tc.max_steps:
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         x, y = (t.to(dev, non_blocking=True) for t in sampler.next_batch())
-        loss = _loss(step_model, x, y, cfg)
-        loss.backward()
+        if graphed is not None:
+            loss = graphed(x, y)
+        else:
+            loss = _loss(step_model, x, y, cfg)
+            loss.backward()
+            loss = loss.detach()  # a live autograd graph would keep the parameters' grad accumulators on this stream
         if tc.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if graphed is None:  # the graph owns the gradient tensors: they stay
+            optimizer.zero_grad(set_to_none=True)
+            if tc.cuda_graph:
+                graphed = GraphedStep(step_model, x, y, lambda m, a, b: _loss(m, a, b, cfg))
         step += 1
         loss_value = distributed.mean_over_ranks(loss.item(), env)
         history["train"].append([step, loss_value])
@@ -172,6 +189,7 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
     summary = {
         "config": config_name, "steps": step, "world_size": env.world, "device": _device_name(dev),
         "dtype": tc.dtype, "dist": tc.dist if env.distributed else None, "compile": tc.compile,
+        "cuda_graph": tc.cuda_graph,
         "backends": [str(r) for r in resolutions], "parameters": n_params,
         "initial_eval_loss": history["eval"][0][1] if history["eval"] else None,
         "final_eval_loss": history["eval"][-1][1] if history["eval"] else None,
