@@ -16,6 +16,31 @@ from kernel_dispatch.benchmarks.timing import Settings, Timer
 
 
 @triton.jit
+def _sweep(q, K, V, base, offs_m, offs_d, m_i, l_i, acc, lo, hi, qk_scale, D: tl.constexpr, BN: tl.constexpr,
+           CAUSAL_MASK: tl.constexpr, WITH_PV: tl.constexpr):
+    """Online softmax over key blocks [lo, hi); unmasked blocks fold the scale into the exponent's FMA."""
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :])
+        s = tl.dot(q, tl.trans(k))
+        if CAUSAL_MASK:
+            s = tl.where(offs_m[:, None] >= offs_n[None, :], s * qk_scale, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if WITH_PV:
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :])
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def fa_fwd(Q, K, V, O, LSE, L, qk_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WITH_PV: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -26,35 +51,10 @@ def fa_fwd(Q, K, V, O, LSE, L, qk_scale, D: tl.constexpr, BM: tl.constexpr, BN: 
     m_i = tl.full([BM], -float("inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    hi = (pid_m + 1) * BM
     full = pid_m * BM  # key blocks before this need no mask (BN divides BM)
-    for start_n in range(0, full, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if WITH_PV:
-            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :])
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    for start_n in range(full, hi, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(offs_m[:, None] >= offs_n[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if WITH_PV:
-            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :])
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+    m_i, l_i, acc = _sweep(q, K, V, base, offs_m, offs_d, m_i, l_i, acc, 0, full, qk_scale, D, BN, False, WITH_PV)
+    m_i, l_i, acc = _sweep(q, K, V, base, offs_m, offs_d, m_i, l_i, acc, full, (pid_m + 1) * BM, qk_scale, D, BN,
+                           True, WITH_PV)
     tl.store(LSE + bh * L + offs_m, m_i + tl.math.log2(l_i))
     if WITH_PV:
         tl.store(O + base + offs_m[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty))

@@ -14,6 +14,7 @@ import torch
 
 import kernel_dispatch as kd
 from kernel_dispatch import registry
+from kernel_dispatch.cuda_graphs import capture
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -28,15 +29,7 @@ def _skip_unless_runs(op: str, backend: str, meta: dict) -> None:
 
 def _capture_and_check(step, leaves):
     """Warm up on a side stream, capture ``step``, change ``leaves`` in place, replay, compare with eager."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     with torch.no_grad():
         for t in leaves:
             t.mul_(0.75)
@@ -131,9 +124,7 @@ def test_tilelang_constants_first_made_inside_capture():
     torch.autograd.grad(kd.mhc_post(h_in, x_res, h_post, h_res, backend="tilelang"), warm_x, warm_g)
     torch.cuda.synchronize()
     attn, mhc = attn_inputs(3, 200), mhc_inputs(16)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = attn_step(*attn) + mhc_step(*mhc)
+    graph, captured = capture(lambda: attn_step(*attn) + mhc_step(*mhc), warmup=0)
     # eager before any replay: a constant cached during the capture would still hold unwritten memory here
     expected = attn_step(*attn) + mhc_step(*mhc)
     graph.replay()

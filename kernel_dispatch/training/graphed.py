@@ -11,14 +11,17 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..cuda_graphs import capture
+
 
 class GraphedStep:
     """Replays ``loss_fn(model, x, y)`` and its backward on static copies of x, y [batch, seq_len] (int64).
 
     Build it from a warm model (one eager step has run: kernels compiled, autotuned and loaded) with the
     parameters' gradients set to None and no autograd graph of an earlier step alive (a kept loss holds the
-    parameters' grad accumulators on the stream that made them, and capture then fails). It warms up once more on a side stream, then captures; the backward then
-    writes fresh gradient tensors that the graph owns and every replay overwrites. So after a call the gradients
+    parameters' grad accumulators on the stream that made them, and capture then fails). It warms up once more on a
+    side stream, then captures (:func:`kernel_dispatch.cuda_graphs.capture`); the backward then writes fresh
+    gradient tensors that the graph owns and every replay overwrites. So after a call the gradients
     are in ``p.grad`` and must not be set to None (zeroing is unneeded: the replay writes, it does not add).
     ``loss_fn`` must be capturable: no host synchronisation, autocast without its weight cache.
     """
@@ -29,17 +32,17 @@ class GraphedStep:
         if any(p.grad is not None for p in params):
             raise RuntimeError("GraphedStep: set the gradients to None before capturing (optimizer.zero_grad())")
         self.x, self.y = x.clone(), y.clone()
-        side = torch.cuda.Stream(x.device)
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
-            loss_fn(model, self.x, self.y).backward()
-        torch.cuda.current_stream(x.device).wait_stream(side)
-        for p in params:
-            p.grad = None
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.loss = loss_fn(model, self.x, self.y)
-            self.loss.backward()
+
+        def step():
+            loss = loss_fn(model, self.x, self.y)
+            loss.backward()
+            return loss
+
+        def drop_grads():  # the captured backward must write fresh gradient tensors, not add to the warm-up's
+            for p in params:
+                p.grad = None
+
+        self.graph, self.loss = capture(step, warmup=1, before_capture=drop_grads)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Copy the batch in, replay; returns the step's loss (a tensor the next call overwrites)."""
