@@ -7,9 +7,10 @@ A *choice* is a pair ``(forward, backward)`` of backend names, each one of
 - a pair: ``("triton", "golden")``, ``"triton,golden"`` in an environment variable,
   ``{"forward": "triton", "backward": "golden"}`` in YAML.
 
-A YAML ``backend:`` value is a choice for every operator, or a mapping from operator
-(``lazy_attention``, ``mhc_pre``, ``mhc_post``, or ``mhc`` for both mHC halves, or
-``default``) to a choice. Unknown names are errors when read, listing the valid names.
+A YAML ``backend:`` value is a choice for every operator, or a mapping from a key to a choice: an
+operator's name, a group of operators (``mhc``: both mHC halves) or ``default``; the keys and the
+environment variables come from the operator declarations (:mod:`kernel_dispatch.declaration`).
+Unknown names are errors when read, listing the valid names.
 """
 from __future__ import annotations
 
@@ -18,29 +19,20 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-BACKEND_NAMES = ("golden", "triton", "tilelang")
-CHOICE_NAMES = BACKEND_NAMES + ("auto",)
-OPERATORS = ("lazy_attention", "mhc_pre", "mhc_post")
-# Keys accepted where a choice is given per operator; "mhc" names both mHC halves.
-OPERATOR_GROUPS = {
-    "lazy_attention": ("lazy_attention",),
-    "mhc_pre": ("mhc_pre",),
-    "mhc_post": ("mhc_post",),
-    "mhc": ("mhc_pre", "mhc_post"),
-    "default": OPERATORS,
-}
-# Environment variables, strongest first, and the operators each one governs.
-ENV_VARS = (
-    ("LAZYATTN_BACKEND", ("lazy_attention",)),
-    ("MHC_BACKEND", ("mhc_pre", "mhc_post")),
-    ("KERNEL_BACKEND", OPERATORS),
-)
+from . import declaration
 
 Choice = tuple[str, str]
 
 
 class ConfigError(ValueError):
     """A configuration value (environment, YAML or argument) that cannot be used."""
+
+
+def choice_names() -> tuple[str, ...]:
+    """Every registered backend name, then ``auto``."""
+    from .registry import BACKEND_NAMES  # the registry imports this module
+
+    return BACKEND_NAMES + ("auto",)
 
 
 def parse_choice(value: Any, where: str) -> Choice:
@@ -63,35 +55,34 @@ def parse_choice(value: Any, where: str) -> Choice:
             f"{where}: expected a backend name, a (forward, backward) pair or a mapping, got {value!r}")
     if len(parts) != 2:
         raise ConfigError(f"{where}: expected 'forward,backward', got {value!r}")
+    valid = choice_names()
     for p in parts:
-        if not isinstance(p, str) or p not in CHOICE_NAMES:
-            raise ConfigError(f"{where}: unknown backend {p!r}; valid names are {', '.join(CHOICE_NAMES)}")
+        if not isinstance(p, str) or p not in valid:
+            raise ConfigError(f"{where}: unknown backend {p!r}; valid names are {', '.join(valid)}")
     return parts[0], parts[1]
 
 
 def parse_per_operator(value: Any, where: str) -> dict[str, Choice]:
     """Parse a choice for every operator or a per-operator mapping into {operator: choice}."""
     if isinstance(value, Mapping) and not (set(value) <= {"forward", "backward"}):
-        out: dict[str, Choice] = {}
-        for key in ("default", "mhc", "lazy_attention", "mhc_pre", "mhc_post"):  # broad keys first
-            if key not in value:
-                continue
-            choice = parse_choice(value[key], f"{where}.{key}")
-            for op in OPERATOR_GROUPS[key]:
-                out[op] = choice
-        unknown = set(value) - set(OPERATOR_GROUPS)
+        keys = declaration.groups()
+        unknown = set(value) - set(keys)
         if unknown:
-            raise ConfigError(
-                f"{where}: unknown operator key(s) {sorted(unknown)}; valid keys are {', '.join(OPERATOR_GROUPS)}")
+            raise ConfigError(f"{where}: unknown operator key(s) {sorted(unknown)}; valid keys are {', '.join(keys)}")
+        out: dict[str, Choice] = {}
+        for key, ops in keys.items():  # broad keys first, so a narrower one overrides them
+            if key in value:
+                choice = parse_choice(value[key], f"{where}.{key}")
+                out.update({op: choice for op in ops})
         return out
     choice = parse_choice(value, where)
-    return {op: choice for op in OPERATORS}
+    return {op: choice for op in declaration.operators()}
 
 
 def env_choice(op: str, environ: Mapping[str, str] | None = None) -> tuple[Choice, str] | None:
     """The environment's choice for ``op`` and the variable it came from, or None."""
     environ = os.environ if environ is None else environ
-    for var, ops in ENV_VARS:
+    for var, ops in declaration.env_vars():
         raw = environ.get(var)
         if raw and op in ops:
             return parse_choice(raw, f"environment variable {var}"), var
@@ -101,7 +92,7 @@ def env_choice(op: str, environ: Mapping[str, str] | None = None) -> tuple[Choic
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
     """Raise ConfigError if any backend environment variable holds an unknown name."""
     environ = os.environ if environ is None else environ
-    for var, _ in ENV_VARS:
+    for var, _ in declaration.env_vars():
         if environ.get(var):
             parse_choice(environ[var], f"environment variable {var}")
 

@@ -1,7 +1,8 @@
 """``python -m kernel_dispatch.info``: operator x backend x available x reasons, and where the choice comes from.
 
-Options describe the inputs to check against each backend's capabilities (defaults: this
-machine's device, bf16 on CUDA / fp32 on CPU, head_dim 128, n 4, D 4096).
+Options describe the inputs to check against each backend's capabilities: this machine's device and
+bf16 on CUDA / fp32 on CPU by default, then each operator's own facts (its declaration's ``info_facts``:
+head dim, bias length, streams, hidden size, ...).
 ``--markdown`` prints the declared support table (the README's) instead.
 """
 from __future__ import annotations
@@ -11,18 +12,41 @@ import os
 
 import torch
 
-from . import _readme, config, registry
-from .config import BACKEND_NAMES, OPERATORS
+from . import _readme, config, declaration, registry
+from .registry import BACKEND_NAMES
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
+def _facts() -> dict[str, declaration.Fact]:
+    """Every operator's info facts by option, each option once."""
+    out: dict[str, declaration.Fact] = {}
+    for op in declaration.operators():
+        for f in declaration.operator(op).info_facts:
+            out.setdefault(f.flag, f)
+    return out
+
+
+def _dest(f: declaration.Fact) -> str:
+    return f.flag.lstrip("-").replace("-", "_")
+
+
 def _meta(op: str, args) -> dict:
-    base = {"device": args.device, "dtype": DTYPES[args.dtype]}
-    if op == "lazy_attention":
-        return dict(base, head_dim=args.head_dim, gqa=args.gqa, lengths=args.lengths, causal=not args.non_causal,
-                    bias_length=args.bias_length)
-    return dict(base, n=args.n, D=args.D)
+    meta = {"device": args.device, "dtype": DTYPES[args.dtype]}
+    for f in declaration.operator(op).info_facts:
+        value = getattr(args, _dest(f))
+        meta[f.key] = (not value) if f.invert else value
+    return meta
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def markdown_support_table() -> str:
@@ -44,24 +68,32 @@ def update_readme(path: str) -> None:
     _readme.replace_block(path, "support-table", markdown_support_table())
 
 
+def _choice_line(op: str, meta: dict) -> str:
+    """Where ``op``'s choice comes from and what it resolves to; a bad choice is a line, not a crash."""
+    try:
+        (fwd, bwd), source = registry.current_choice(op)
+    except config.ConfigError as e:
+        return f"choice error: {e}"
+    try:
+        r = registry.resolve(op, meta)
+        chosen = f"-> {r.forward}" + ("" if r.forward == r.backward else f" fwd / {r.backward} bwd")
+    except registry.BackendUnavailableError as e:
+        chosen = f"-> cannot run: {e}"
+    return f"choice {fwd}" + ("" if fwd == bwd else f",{bwd}") + f" from {source} {chosen}"
+
+
 def report(args) -> str:
     """The text printed by the command: choices with sources, then every backend's availability and reasons."""
     out = []
-    env = {v: os.environ[v] for v, _ in config.ENV_VARS if os.environ.get(v)}
+    env = {v: os.environ[v] for v, _ in declaration.env_vars() if os.environ.get(v)}
     out.append(f"device: {args.device}   environment: {env or 'no backend variables set'}")
     yaml_src = registry._yaml_state["source"]
     out.append(f"YAML: {yaml_src or 'none loaded'}")
     out.append("")
     out.append(f"{'operator':15s} {'backend':9s} {'available':9s} reasons")
-    for op in OPERATORS:
+    for op in declaration.operators():
         meta = _meta(op, args)
-        (fwd, bwd), source = registry.current_choice(op)
-        try:
-            r = registry.resolve(op, meta)
-            chosen = f"-> {r.forward}" + ("" if r.forward == r.backward else f" fwd / {r.backward} bwd")
-        except registry.BackendUnavailableError as e:
-            chosen = f"-> cannot run: {e}"
-        out.append(f"{op:15s} choice {fwd}" + ("" if fwd == bwd else f",{bwd}") + f" from {source} {chosen}")
+        out.append(f"{op:15s} " + _choice_line(op, meta))
         for b in BACKEND_NAMES:
             reasons = registry.why_not(op, b, meta)
             out.append(f"{'':15s} {b:9s} {'yes' if not reasons else 'no':9s} {'; '.join(reasons)}")
@@ -73,13 +105,12 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=list(DTYPES))
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--bias-length", type=int, default=512)
-    p.add_argument("--gqa", action="store_true")
-    p.add_argument("--lengths", action="store_true")
-    p.add_argument("--non-causal", action="store_true")
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--D", type=int, default=4096)
+    for f in _facts().values():
+        if isinstance(f.default, bool):
+            p.add_argument(f.flag, dest=_dest(f), action="store_true", help=f.help)
+        else:
+            p.add_argument(f.flag, dest=_dest(f), type=_positive_int, default=f.default,
+                           help=f"{f.help} (default {f.default})")
     p.add_argument("--config", help="a YAML file whose backend: key to apply")
     p.add_argument("--markdown", action="store_true", help="print the declared support table as markdown")
     p.add_argument("--update-readme", metavar="README", help="rewrite the support table inside README")
@@ -92,7 +123,10 @@ def main(argv=None) -> None:
         return
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.config:
-        registry.load_config(args.config)
+        try:
+            registry.load_config(args.config)
+        except (OSError, config.ConfigError) as e:
+            p.error(f"--config: {e}")
     print(report(args))
 
 

@@ -1,19 +1,21 @@
-"""Implementations, their capabilities, and the choice of which one runs.
+"""Implementations, their capabilities, and the choice of which one runs. Names no operator.
 
-Every operator has one implementation per backend (golden, triton, tilelang), registered
-from the start. A backend package (``kernel_dispatch/golden``, ``kernel_dispatch/backends/<name>``)
-declares, without importing any heavy dependency:
+Operators are declared in :mod:`kernel_dispatch.declaration` (by their modules in ``ops/``). A backend
+package (``kernel_dispatch/golden``, ``kernel_dispatch/backends/<name>``) declares, without importing any
+heavy dependency:
 
-- ``CAPABILITIES``: ``{operator: Capabilities}``, what its kernels support, as data;
+- ``CAPABILITIES``: ``{operator: <the operator's Capabilities subclass>}``, what its kernels support;
 - ``PRIORITY``: ``{operator: int}``, its rank in ``auto`` (higher runs first);
 - ``unavailable() -> str | None``: why the backend cannot run on this machine at all;
 - optionally ``extra_reasons(op, meta) -> list[str]``: conditions the table cannot express.
 
 Its kernels live in ``<package>.<operator>`` with ``forward`` and ``backward`` functions,
-imported only when chosen. Anything that stops a backend from running becomes a reason.
+imported only when chosen. :func:`register_impl` adds an implementation from anywhere else (an operator
+declared outside the package). Anything that stops a backend from running becomes a reason.
 
-Precedence of choices, strongest first: the ``backend=`` argument, :func:`use_backend`,
-``LAZYATTN_BACKEND`` / ``MHC_BACKEND``, ``KERNEL_BACKEND``, the YAML ``backend:`` key, auto.
+Precedence of choices, strongest first: the ``backend=`` argument, :func:`use_backend`, the operator's
+environment variable (``LAZYATTN_BACKEND``, ``MHC_BACKEND``), ``KERNEL_BACKEND``, the YAML ``backend:`` key,
+auto.
 """
 from __future__ import annotations
 
@@ -28,16 +30,20 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from . import config
-from .config import BACKEND_NAMES, OPERATORS, Choice, ConfigError
+from . import config, declaration
+from .config import Choice, ConfigError
+from .declaration import Capabilities, dtype_name
 
 log = logging.getLogger("kernel_dispatch")
 
+# The one place that names every backend: its package declares CAPABILITIES ({operator: Capabilities}),
+# PRIORITY ({operator: int}) and unavailable(), and holds each operator's kernels in <package>.<operator>.
 BACKEND_PACKAGES = {
     "golden": "kernel_dispatch.golden",
     "triton": "kernel_dispatch.backends.triton",
     "tilelang": "kernel_dispatch.backends.tilelang",
 }
+BACKEND_NAMES = tuple(BACKEND_PACKAGES)
 
 
 class BackendUnavailableError(RuntimeError):
@@ -45,77 +51,21 @@ class BackendUnavailableError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Capabilities:
-    """What one implementation of one operator supports. ``None`` means any value.
-
-    devices: device types it runs on; auto_devices: where ``auto`` may pick it.
-    head_dims / max_bias_length: lazy attention limits. n_streams / d_multiple / max_d: mHC limits.
-    gqa, lengths, non_causal: lazy attention features. deterministic: parameter gradients
-    are fixed-order reductions (bitwise reproducible).
-    """
-
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    auto_devices: tuple[str, ...] | None = None
-    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-    head_dims: tuple[int, ...] | None = None
-    max_bias_length: int | None = None
-    n_streams: tuple[int, ...] | None = None
-    d_multiple: int = 1
-    max_d: int | None = None
-    gqa: bool = True
-    lengths: bool = True
-    non_causal: bool = True
-    deterministic: bool = True
-    notes: str = ""
-
-    def why_not(self, meta: Mapping[str, Any]) -> list[str]:
-        """Reasons these capabilities do not cover ``meta`` (empty when they do)."""
-        r = []
-        dev = meta.get("device")
-        if dev is not None and dev not in self.devices:
-            r.append(f"device {dev} not in {{{', '.join(self.devices)}}}")
-        dt = meta.get("dtype")
-        if dt is not None and dt not in self.dtypes:
-            r.append(f"dtype {_dtype_name(dt)} not in {{{', '.join(map(_dtype_name, self.dtypes))}}}")
-        hd = meta.get("head_dim")
-        if hd is not None and self.head_dims is not None and hd not in self.head_dims:
-            r.append(f"head_dim {hd} not in {{{', '.join(map(str, self.head_dims))}}}")
-        w = meta.get("bias_length")
-        if w is not None and self.max_bias_length is not None and w > self.max_bias_length:
-            r.append(f"bias length {w} > {self.max_bias_length}")
-        if meta.get("gqa") and not self.gqa:
-            r.append("grouped-query attention (H != Hkv) not supported")
-        if meta.get("lengths") and not self.lengths:
-            r.append("lengths (padding) not supported")
-        if meta.get("causal") is False and not self.non_causal:
-            r.append("causal=False not supported")
-        n = meta.get("n")
-        if n is not None and self.n_streams is not None and n not in self.n_streams:
-            r.append(f"n {n} not in {{{', '.join(map(str, self.n_streams))}}}")
-        d = meta.get("D")
-        if d is not None and d % self.d_multiple:
-            r.append(f"D {d} is not a multiple of {self.d_multiple}")
-        if d is not None and self.max_d is not None and d > self.max_d:
-            r.append(f"D {d} > {self.max_d}")
-        return r
-
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
-
-
-@dataclass(frozen=True)
 class Impl:
-    """One operator's implementation in one backend."""
+    """One operator's implementation in one backend.
+
+    kernels: the module (or its import path) holding ``forward`` and ``backward``.
+    """
 
     op: str
     backend: str
     caps: Capabilities
     priority: int
+    kernels: Any
 
     @property
     def module_name(self) -> str:
-        return f"{BACKEND_PACKAGES[self.backend]}.{self.op}"
+        return self.kernels if isinstance(self.kernels, str) else self.kernels.__name__
 
 
 @dataclass
@@ -144,26 +94,54 @@ class Resolution:
 _package_cache: dict[str, Any] = {}
 _unavailable_cache: dict[str, str | None] = {}
 _module_cache: dict[str, Any] = {}
+_impls: dict[tuple[str, str], Impl] = {}
+
+
+def register_impl(op: str, backend: str, caps: Capabilities, priority: int, kernels: Any) -> Impl:
+    """Register ``backend``'s implementation of ``op``: its capabilities (an instance of the operator's
+    Capabilities class), its rank in ``auto`` (higher runs first) and its kernels (a module or module path
+    with ``forward`` and ``backward``). Backend packages register theirs when first loaded."""
+    _check_backend(backend)
+    expected = declaration.operator(op).capabilities
+    if not isinstance(caps, expected):
+        raise TypeError(f"caps: expected a {expected.__name__} for {op}, got {type(caps).__name__}")
+    entry = _impls[(op, backend)] = Impl(op, backend, caps, priority, kernels)
+    _module_cache.pop(entry.module_name, None)
+    _resolve_cached.cache_clear()
+    return entry
+
+
+def unregister_impl(op: str, backend: str) -> None:
+    """Forget a registered implementation (tests that declare their own operator)."""
+    _impls.pop((op, backend), None)
+    _resolve_cached.cache_clear()
 
 
 def _package(backend: str):
     if backend not in _package_cache:
-        _package_cache[backend] = importlib.import_module(BACKEND_PACKAGES[backend])
+        pkg = _package_cache[backend] = importlib.import_module(BACKEND_PACKAGES[backend])
+        for op, caps in pkg.CAPABILITIES.items():
+            _impls.setdefault((op, backend), Impl(op, backend, caps, pkg.PRIORITY[op], f"{pkg.__name__}.{op}"))
     return _package_cache[backend]
 
 
-def impl(op: str, backend: str) -> Impl:
-    """The registered implementation of ``op`` in ``backend``."""
-    _check_op(op)
+def _check_backend(backend: str) -> None:
     if backend not in BACKEND_NAMES:
         raise ConfigError(f"unknown backend {backend!r}; valid names are {', '.join(BACKEND_NAMES)}")
-    pkg = _package(backend)
-    return Impl(op, backend, pkg.CAPABILITIES[op], pkg.PRIORITY[op])
+
+
+def impl(op: str, backend: str) -> Impl | None:
+    """The registered implementation of ``op`` in ``backend``, or None when the backend has none."""
+    _check_op(op)
+    _check_backend(backend)
+    _package(backend)
+    return _impls.get((op, backend))
 
 
 def implementations(op: str) -> list[Impl]:
     """Every registered implementation of ``op``, highest auto priority first."""
-    return sorted((impl(op, b) for b in BACKEND_NAMES), key=lambda i: -i.priority)
+    found = [i for i in (impl(op, b) for b in BACKEND_NAMES) if i is not None]
+    return sorted(found, key=lambda i: -i.priority)
 
 
 def backend_unavailable(backend: str) -> str | None:
@@ -178,7 +156,12 @@ def backend_unavailable(backend: str) -> str | None:
 
 def kernels(op: str, backend: str):
     """The module holding ``forward`` and ``backward`` of ``op`` in ``backend`` (imported on first use)."""
-    name = impl(op, backend).module_name
+    entry = impl(op, backend)
+    if entry is None:
+        raise BackendUnavailableError(f"{op}: backend {backend!r} has no implementation")
+    if not isinstance(entry.kernels, str):
+        return entry.kernels
+    name = entry.kernels
     if name not in _module_cache:
         _module_cache[name] = importlib.import_module(name)
     return _module_cache[name]
@@ -193,18 +176,23 @@ def _kernels_missing(op: str, backend: str) -> str | None:
         return f"import failed: {e}"
     except Exception as e:
         return f"import failed: {type(e).__name__}: {e}"
-    if not (hasattr(mod, "forward") and hasattr(mod, "backward")):
-        return "kernels not implemented yet (no forward/backward)"
+    if not hasattr(mod, "forward"):
+        return "kernels not implemented yet (no forward)"
+    if declaration.operator(op).gradients and not hasattr(mod, "backward"):
+        return "kernels not implemented yet (no backward)"
     return None
 
 
 def why_not(op: str, backend: str, meta: Mapping[str, Any]) -> list[str]:
     """Every reason ``backend`` cannot run ``op`` on inputs described by ``meta`` ([] if it can)."""
+    entry = impl(op, backend)
+    if entry is None:
+        return [f"no {backend} implementation of {op}"]
     reasons = []
     unavailable = backend_unavailable(backend)
     if unavailable:
         reasons.append(unavailable)
-    reasons += impl(op, backend).caps.why_not(meta)
+    reasons += entry.caps.why_not(meta)
     extra = getattr(_package(backend), "extra_reasons", None)
     if extra is not None:
         reasons += extra(op, meta)
@@ -226,8 +214,9 @@ def use_backend(backend: Any = None, /, **per_operator: Any) -> Iterator[None]:
     """Choose backends inside a ``with`` block (stronger than environment and YAML).
 
     ``use_backend("triton")``: every operator; ``use_backend(("triton", "golden"))``: forward
-    and backward; ``use_backend(lazy_attention="tilelang", mhc="golden")``: per operator
-    (``mhc`` names both mHC halves). Blocks nest; the innermost choice for an operator wins.
+    and backward; ``use_backend(lazy_attention="tilelang", mhc="golden")``: per operator or group
+    (the keys of :func:`kernel_dispatch.declaration.groups`: ``mhc`` names both mHC halves).
+    Blocks nest; the innermost choice for an operator wins.
     """
     new = dict(_context.get())
     if backend is not None:
@@ -293,6 +282,7 @@ def _pick(op: str, name: str, meta: Mapping[str, Any], reasons: dict, source: st
 
 
 _logged: set[str] = set()
+declaration.on_change(lambda: _resolve_cached.cache_clear())
 
 
 def _meta_key(meta: Mapping[str, Any]) -> tuple:
@@ -339,28 +329,23 @@ def reset() -> None:
 
 
 def _check_op(op: str) -> None:
-    if op not in OPERATORS:
-        raise ValueError(f"unknown operator {op!r}; operators are {', '.join(OPERATORS)}")
+    declaration.operator(op)  # ValueError listing the operators
 
 
 def support_table() -> list[dict[str, str]]:
     """One row per operator x backend: the declared capabilities, for the README and info."""
     rows = []
-    for op in OPERATORS:
+    for op in declaration.operators():
         for b in BACKEND_NAMES:
-            c = impl(op, b).caps
-            feats = []
-            if op == "lazy_attention":
-                feats.append(f"head_dim {'any' if c.head_dims is None else '/'.join(map(str, c.head_dims))}")
-                feats += [f for f, ok in (("GQA", c.gqa), ("lengths", c.lengths), ("causal=False", c.non_causal)) if ok]
-            else:
-                feats.append(f"n {'any' if c.n_streams is None else '/'.join(map(str, c.n_streams))}")
-                feats.append("D any" if c.d_multiple == 1 else f"D % {c.d_multiple} == 0")
+            entry = impl(op, b)
+            if entry is None:
+                continue
+            c = entry.caps
             rows.append({
                 "operator": op, "backend": b, "devices": ", ".join(c.devices),
-                "dtypes": ", ".join(_dtype_name(d) for d in c.dtypes),
-                "features": ", ".join(feats), "deterministic": "yes" if c.deterministic else "no",
-                "auto priority": str(impl(op, b).priority), "notes": c.notes,
+                "dtypes": ", ".join(dtype_name(d) for d in c.dtypes),
+                "features": c.features(), "deterministic": "yes" if c.deterministic else "no",
+                "auto priority": str(entry.priority), "notes": c.notes,
             })
     return rows
 
@@ -368,5 +353,5 @@ def support_table() -> list[dict[str, str]]:
 __all__ = [
     "BackendUnavailableError", "Capabilities", "Impl", "Resolution", "implementations", "impl", "why_not",
     "resolve", "use_backend", "set_yaml_backend", "load_config", "current_choice", "support_table", "kernels",
-    "reset", "backend_unavailable",
+    "reset", "backend_unavailable", "register_impl", "unregister_impl", "BACKEND_NAMES",
 ]

@@ -7,7 +7,7 @@ session). ``make_inputs`` redraws the query rows that hold such a score; these t
 import pytest
 import torch
 
-from .cases import ATTN_CASES, KINK_MARGIN, _away_from_kink, _rows_near_kink, make_inputs
+from .cases import ATTN_CASES, KINK_MARGIN, away_from_kink, rows_near_kink, make_inputs
 
 SMALL = [c for c in ATTN_CASES if not c.big]
 
@@ -17,7 +17,7 @@ SMALL = [c for c in ATTN_CASES if not c.big]
 def test_inputs_keep_scores_off_the_kink(case, dtype):
     inp = make_inputs("lazy_attention", case, dtype)
     t = inp.tensors
-    assert _rows_near_kink(t["q"], t["k"], t["bias"], t["tau"], inp.kwargs.get("lengths"), case.causal) == []
+    assert rows_near_kink(t["q"], t["k"], t["bias"], t["tau"], inp.kwargs.get("lengths"), case.causal) == []
 
 
 def test_a_score_on_the_kink_is_redrawn():
@@ -27,11 +27,11 @@ def test_a_score_on_the_kink_is_redrawn():
     k = torch.randn(1, 1, 4, 8, generator=g)
     q[0, 0, 2:] = torch.randn(2, 8, generator=g)
     bias, tau = torch.zeros(1, 1), torch.tensor([-1.0])
-    near = _rows_near_kink(q, k, bias, tau, None, True)
+    near = rows_near_kink(q, k, bias, tau, None, True)
     assert [(b, h, rows.tolist()) for b, h, rows in near] == [(0, 0, [1])]
     before = q.clone()
-    _away_from_kink(q, k, bias, tau, None, True, lambda *shape: torch.randn(*shape, generator=g))
-    assert _rows_near_kink(q, k, bias, tau, None, True) == []
+    away_from_kink(q, k, bias, tau, None, True, lambda *shape: torch.randn(*shape, generator=g))
+    assert rows_near_kink(q, k, bias, tau, None, True) == []
     assert not torch.equal(q[0, 0, 1], before[0, 0, 1]), "the row on the kink was not redrawn"
     assert torch.equal(q[0, 0, [0, 2, 3]], before[0, 0, [0, 2, 3]]), "rows off the kink changed"
     assert KINK_MARGIN > 0
@@ -40,5 +40,5 @@ def test_a_score_on_the_kink_is_redrawn():
 def test_one_key_rows_are_exempt():
     """Row 0 (one visible key, P = 1 exactly) at tau = -1 sits on the kink by construction and stays."""
     q, k = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
-    near = _rows_near_kink(q, k, torch.zeros(1, 1), torch.tensor([-1.0]), None, True)
+    near = rows_near_kink(q, k, torch.zeros(1, 1), torch.tensor([-1.0]), None, True)
     assert all(0 not in rows.tolist() for _, _, rows in near)

@@ -1,9 +1,10 @@
-"""The equivalence matrix: operator x backend x dtype x shape x direction, against golden float64.
+"""The equivalence matrix: operator x backend x dtype x case x direction, against golden float64.
 
-Generated from the registry: every registered backend of every operator appears; a case the
-backend cannot run here is skipped with the registry's reasons. Gradients of per-head tensors
-(dq, dk, dv) are checked head by head, so a kernel right for head 0 only fails.
-Large ("big") shapes run only on a CUDA device.
+Generated from the declarations: every declared operator, every registered backend, every declared case.
+A case the backend cannot run here is skipped with the registry's reasons. Tensors the declaration names in
+``per_head`` are also checked head by head, so a kernel right for head 0 only fails. Large ("big") cases
+run only on a CUDA device. Declarations made after collection (a test's own operator) run through
+:func:`check_case`.
 """
 from __future__ import annotations
 
@@ -12,87 +13,59 @@ import functools
 import pytest
 import torch
 
-from kernel_dispatch import BACKEND_NAMES, OPERATORS, registry
-
-from .cases import CASES, Inputs, make_inputs, run, upcast
-from .tolerances import rel_err, tolerance
+from kernel_dispatch import declaration, registry
+from kernel_dispatch.testing import matrix
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-PER_HEAD = {"dq", "dk", "dv", "o"}
-
-
-def _meta(op, case, dtype):
-    if op == "lazy_attention":
-        return {"device": DEVICE, "dtype": dtype, "head_dim": case.D, "gqa": case.H != case.Hkv,
-                "lengths": case.lengths is not None, "causal": case.causal, "bias_length": case.W}
-    return {"device": DEVICE, "dtype": dtype, "n": case.n, "D": case.D}
 
 
 @functools.lru_cache(maxsize=8)
 def _reference(op: str, case, dtype: torch.dtype):
-    inp = make_inputs(op, case, dtype, DEVICE)
-    return inp, run(op, upcast(inp), "golden")
+    inp = matrix.make_inputs(op, case, dtype, DEVICE)
+    return inp, matrix.run(op, matrix.upcast(inp), "golden")
 
 
 @functools.lru_cache(maxsize=8)
 def _result(op: str, backend: str, case, dtype: torch.dtype):
     inp, _ = _reference(op, case, dtype)
-    return run(op, inp, backend)
+    return matrix.run(op, inp, backend)
 
 
-def _params():
-    for op in OPERATORS:
-        for backend in BACKEND_NAMES:
-            for case in CASES[op]:
+def why_skip(op: str, backend: str, case, dtype: torch.dtype) -> str | None:
+    """Why this cell of the matrix cannot run here, or None."""
+    if case.big and DEVICE != "cuda":
+        return "realistic size: runs on a CUDA device only"
+    inp, _ = _reference(op, case, dtype)
+    reasons = registry.why_not(op, backend, matrix.facts(op, inp))
+    return f"{backend}: " + "; ".join(reasons) if reasons else None
+
+
+def check_case(op: str, backend: str, case, dtype: torch.dtype, direction: str) -> list[str]:
+    """Failures of one cell against golden float64 (an empty list: it passes)."""
+    decl = declaration.operator(op)
+    _, ref = _reference(op, case, dtype)
+    got = _result(op, backend, case, dtype)
+    names = [n for n in ref if (n in decl.outputs) == (direction == "forward")]
+    return matrix.check(op, got, ref, dtype, names, registry.impl(op, backend).caps.tf32)
+
+
+def params(ops=None):
+    for op in ops or declaration.operators():
+        decl = declaration.operator(op)
+        directions = ("forward", "backward") if decl.gradients else ("forward",)
+        for backend in registry.BACKEND_NAMES:
+            for case in decl.cases:
                 for dtype in DTYPES:
-                    for direction in ("forward", "backward"):
+                    for direction in directions:
                         yield pytest.param(op, backend, case, dtype, direction,
                                            id=f"{op}-{backend}-{case.name}-{str(dtype)[6:]}-{direction}")
 
 
-@pytest.mark.parametrize("op,backend,case,dtype,direction", list(_params()))
+@pytest.mark.parametrize("op,backend,case,dtype,direction", list(params()))
 def test_matches_golden_float64(op, backend, case, dtype, direction):
-    if case.big and DEVICE != "cuda":
-        pytest.skip("realistic size: runs on a CUDA device only")
-    reasons = registry.why_not(op, backend, _meta(op, case, dtype))
-    if reasons:
-        pytest.skip(f"{backend}: " + "; ".join(reasons))
-    _, ref = _reference(op, case, dtype)
-    got = _result(op, backend, case, dtype)
-    tf32 = getattr(registry.impl(op, backend).caps, "tf32", False)
-    names = [n for n in ref if (n in _FORWARD[op]) == (direction == "forward")]
-    failures = []
-    for name in names:
-        tol = tolerance(op, dtype, name, tf32)
-        assert got[name].shape == ref[name].shape, f"{name}: shape {tuple(got[name].shape)} != {tuple(ref[name].shape)}"
-        err = rel_err(got[name], ref[name])
-        if err > tol:
-            failures.append(f"{name}: rel err {err:.3e} > tol {tol:.3e}")
-        if op == "lazy_attention" and name in PER_HEAD:
-            for h in range(got[name].shape[1]):
-                eh = rel_err(got[name][:, h], ref[name][:, h])
-                if eh > tol:
-                    failures.append(f"{name} head {h}: rel err {eh:.3e} > tol {tol:.3e}")
+    reason = why_skip(op, backend, case, dtype)
+    if reason:
+        pytest.skip(reason)
+    failures = check_case(op, backend, case, dtype, direction)
     assert not failures, "; ".join(failures)
-
-
-_FORWARD = {"lazy_attention": {"o"}, "mhc_pre": {"h_in", "h_post", "h_res"}, "mhc_post": {"out"}}
-
-
-ONE_KEY_CASE = next(c for c in CASES["lazy_attention"] if c.name == "tau_minus1_one_key_rows")
-
-
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-def test_one_key_rows_at_tau_minus1_are_exactly_zero(backend, dtype):
-    """tau = -1 exactly: a row with one visible key has P = 1 and A = relu(1 - 1) = 0, so its output
-    row is exactly zero (SPEC: with tau <= -1 the first causal row is all zero); an ulp of rounding in
-    the recomputed P must not leak through the relu (nor into dtau, checked by the matrix)."""
-    case = ONE_KEY_CASE
-    reasons = registry.why_not("lazy_attention", backend, _meta("lazy_attention", case, dtype))
-    if reasons:
-        pytest.skip(f"{backend}: " + "; ".join(reasons))
-    o = _result("lazy_attention", backend, case, dtype)["o"]
-    assert (o[:, :, 0] == 0).all(), "o: the first causal row is not exactly zero at tau = -1"
-    assert (o[1] == 0).all(), "o: batch 1 (lengths = 1: row 0 has one key, the rest is padding) is not zero"

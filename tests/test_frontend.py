@@ -5,9 +5,10 @@ import pytest
 import torch
 
 import kernel_dispatch as kd
-from kernel_dispatch import registry
+from kernel_dispatch import declaration, registry
+from kernel_dispatch.testing.matrix import facts
 
-from .cases import ATTN_CASES, MHC_CASES, make_inputs, run, upcast
+from .cases import make_inputs, run, upcast
 from .tolerances import rel_err, tolerance
 
 
@@ -45,20 +46,25 @@ def test_opcheck(call):
     torch.library.opcheck(op, args)
 
 
-def _runnable(op, case, dtype):
-    meta = ({"device": "cpu", "dtype": dtype, "head_dim": case.D, "gqa": case.H != case.Hkv,
-             "lengths": case.lengths is not None, "causal": case.causal, "bias_length": case.W}
-            if op == "lazy_attention" else {"device": "cpu", "dtype": dtype, "n": case.n, "D": case.D})
+def _runnable(op, inp):
+    meta = facts(op, inp)
     return [b for b in kd.BACKEND_NAMES if not registry.why_not(op, b, meta)]
 
 
-@pytest.mark.parametrize("op,case", [("lazy_attention", ATTN_CASES[5]), ("mhc_pre", MHC_CASES[0]),
-                                     ("mhc_post", MHC_CASES[0])], ids=["lazy_attention", "mhc_pre", "mhc_post"])
-def test_forward_and_backward_backends_compose(op, case):
+def _first_small_case(op):
+    """The operator's first declared case that runs on the CPU (a GPU-sized one does not)."""
+    return next(c for c in declaration.operator(op).cases if not c.big)
+
+
+DIFFERENTIABLE = [op for op in declaration.operators() if declaration.operator(op).gradients]
+
+
+@pytest.mark.parametrize("op", DIFFERENTIABLE)
+def test_forward_and_backward_backends_compose(op):
     dtype = torch.float32
-    inp = make_inputs(op, case, dtype)
+    inp = make_inputs(op, _first_small_case(op), dtype)
     ref = run(op, upcast(inp), "golden")
-    backends = _runnable(op, case, dtype)
+    backends = _runnable(op, inp)
     assert "golden" in backends
     for fwd, bwd in itertools.product(backends, repeat=2):
         got = run(op, inp, (fwd, bwd))
@@ -113,13 +119,13 @@ def test_torch_compile_fullgraph_matches_eager(residual):
     out.square().sum().backward()
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(x.grad, gx, rtol=1e-5, atol=1e-6)
+    # Inductor sums the token axis of a parameter gradient (kv.bias: 14 tokens, entries that cancel to ~1e-5)
+    # in another order than eager: compared as a whole, within 16 fp32 roundings of the gradient's norm.
     for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[n], rtol=1e-5, atol=1e-6, msg=n)
+        assert rel_err(p.grad, grads[n]) <= 16 * 2.0 ** -24, n
 
 
-_OP_MODULES = {"lazy_attention": "kernel_dispatch.ops.lazy_attention", "mhc_pre": "kernel_dispatch.ops.mhc_pre",
-               "mhc_post": "kernel_dispatch.ops.mhc_post"}
-_CASES = {"lazy_attention": ATTN_CASES[5], "mhc_pre": MHC_CASES[0], "mhc_post": MHC_CASES[0]}
+_OP_MODULES = {op: declaration.operator(op).function.__module__ for op in DIFFERENTIABLE}
 
 
 def _refuse(*args):
@@ -132,7 +138,7 @@ def test_eager_calls_the_implementation_directly(op, monkeypatch):
     import importlib
 
     mod = importlib.import_module(_OP_MODULES[op])
-    inp = make_inputs(op, _CASES[op], torch.float32)
+    inp = make_inputs(op, _first_small_case(op), torch.float32)
     ref = run(op, inp, "golden")
     for custom in (f"{op}_fwd", f"{op}_bwd"):
         monkeypatch.setattr(mod, custom, _refuse)
@@ -155,7 +161,7 @@ def test_fake_tensors_go_through_the_custom_op(op, monkeypatch):
     mod = importlib.import_module(_OP_MODULES[op])
     monkeypatch.setattr(mod, "_fwd", _refuse)
     monkeypatch.setattr(mod, "_bwd", _refuse)
-    inp = make_inputs(op, _CASES[op], torch.float32)
+    inp = make_inputs(op, _first_small_case(op), torch.float32)
     with FakeTensorMode(allow_non_fake_inputs=True):
         got = run(op, inp, "golden")
     grads = {name: t for name, t in got.items() if name[1:] in inp.tensors}

@@ -106,11 +106,16 @@ def test_missing_package_and_missing_kernels_are_reasons_not_crashes(monkeypatch
 
 
 def test_capabilities_are_data_and_explain_themselves():
-    caps = registry.Capabilities(devices=("cuda",), dtypes=(torch.bfloat16,), head_dims=(64, 128), gqa=False,
-                                 n_streams=(4,), d_multiple=8)
-    r = caps.why_not({"device": "cpu", "dtype": torch.float16, "head_dim": 96, "gqa": True, "n": 3, "D": 12})
-    assert len(r) == 6
-    assert caps.why_not({"device": "cuda", "dtype": torch.bfloat16, "head_dim": 64, "n": 4, "D": 16}) == []
+    from kernel_dispatch.ops.lazy_attention import LazyAttentionCaps
+    from kernel_dispatch.ops.mhc_pre import MHCCaps
+
+    caps = LazyAttentionCaps(devices=("cuda",), dtypes=(torch.bfloat16,), head_dims=(64, 128), gqa=False)
+    r = caps.why_not({"device": "cpu", "dtype": torch.float16, "head_dim": 96, "gqa": True})
+    assert len(r) == 4, r
+    assert caps.why_not({"device": "cuda", "dtype": torch.bfloat16, "head_dim": 64}) == []
+    mcaps = MHCCaps(devices=("cuda",), n_streams=(4,), d_multiple=8)
+    assert len(mcaps.why_not({"device": "cpu", "n": 3, "D": 12})) == 3
+    assert mcaps.why_not({"device": "cuda", "n": 4, "D": 16}) == []
 
 
 def test_which_backend_describes_a_call():

@@ -2,12 +2,13 @@
 
 Runs anywhere torch runs, in any float dtype; with float64 inputs it computes in float64.
 """
-from ..registry import Capabilities
+from ..ops.lazy_attention import LazyAttentionCaps
+from ..ops.mhc_pre import MHCCaps
 
 CAPABILITIES = {
-    "lazy_attention": Capabilities(notes="dense O(L^2) memory; the reference"),
-    "mhc_pre": Capabilities(notes="the reference"),
-    "mhc_post": Capabilities(notes="the reference"),
+    "lazy_attention": LazyAttentionCaps(notes="dense O(L^2) memory; the reference"),
+    "mhc_pre": MHCCaps(notes="the reference"),
+    "mhc_post": MHCCaps(notes="the reference"),
 }
 PRIORITY = {"lazy_attention": 0, "mhc_pre": 0, "mhc_post": 0}
 

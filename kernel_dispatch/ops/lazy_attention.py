@@ -9,16 +9,51 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from .. import registry
+from ..declaration import Capabilities, Fact, Operator, Tolerance, declare
 from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_same_device, check_shape, check_tensor,
                         fmt_shape)
 
 OP = "lazy_attention"
+
+
+@dataclass(frozen=True)
+class LazyAttentionCaps(Capabilities):
+    """Lazy attention limits: head dims (None: any), the longest bias, and the features a kernel may lack."""
+
+    head_dims: tuple[int, ...] | None = None
+    max_bias_length: int | None = None
+    gqa: bool = True
+    lengths: bool = True
+    non_causal: bool = True
+
+    def operator_reasons(self, meta: Mapping[str, Any]) -> list[str]:
+        r = []
+        hd = meta.get("head_dim")
+        if hd is not None and self.head_dims is not None and hd not in self.head_dims:
+            r.append(f"head_dim {hd} not in {{{', '.join(map(str, self.head_dims))}}}")
+        w = meta.get("bias_length")
+        if w is not None and self.max_bias_length is not None and w > self.max_bias_length:
+            r.append(f"bias length {w} > {self.max_bias_length}")
+        if meta.get("gqa") and not self.gqa:
+            r.append("grouped-query attention (H != Hkv) not supported")
+        if meta.get("lengths") and not self.lengths:
+            r.append("lengths (padding) not supported")
+        if meta.get("causal") is False and not self.non_causal:
+            r.append("causal=False not supported")
+        return r
+
+    def features(self) -> str:
+        feats = [f"head_dim {'any' if self.head_dims is None else '/'.join(map(str, self.head_dims))}"]
+        feats += [f for f, ok in (("GQA", self.gqa), ("lengths", self.lengths), ("causal=False", self.non_causal))
+                  if ok]
+        return ", ".join(feats)
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -72,7 +107,8 @@ class LazyAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dbias, dtau, None, None, None, None, None
 
 
-def lazy_attention_meta(q: Tensor, k: Tensor, bias: Tensor, lengths: Optional[Tensor], causal: bool) -> dict:
+def lazy_attention_meta(q: Tensor, k: Tensor, bias: Tensor, lengths: Optional[Tensor] = None,
+                        causal: bool = True) -> dict:
     """What the registry needs to know about a call to choose a backend."""
     return {"device": q.device.type, "dtype": q.dtype, "head_dim": q.shape[-1], "gqa": q.shape[1] != k.shape[1],
             "lengths": lengths is not None, "causal": bool(causal), "bias_length": bias.shape[1]}
@@ -158,3 +194,30 @@ def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *
     k = k.view_as(k) if k is q else k
     v = v.view_as(v) if v is q or v is k else v
     return LazyAttentionFunction.apply(q, k, v, bias, tau, scale, lengths, causal, fwd, bwd)
+
+
+# Rounding counts (c_round, c_acc) of each tensor: see kernel_dispatch.testing.matrix.tolerance.
+TOLERANCES = {"o": Tolerance(4, 256), **{g: Tolerance(8, 1024) for g in ("dq", "dk", "dv", "dbias", "dtau")}}
+
+INFO_FACTS = (
+    Fact("head_dim", "--head-dim", 128, "lazy attention head dim"),
+    Fact("bias_length", "--bias-length", 512, "lazy attention bias length W"),
+    Fact("gqa", "--gqa", False, "grouped-query attention (H != Hkv)"),
+    Fact("lengths", "--lengths", False, "right padding (lengths given)"),
+    Fact("causal", "--non-causal", False, "causal=False", invert=True),
+)
+
+
+def _declaration() -> Operator:
+    from . import lazy_attention_cases as cases
+
+    return Operator(
+        name=OP, function=lazy_attention, capabilities=LazyAttentionCaps, selection_facts=lazy_attention_meta,
+        validate=validate, outputs=("o",),
+        gradients={"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "tau": "dtau"},
+        env_var="LAZYATTN_BACKEND", group="lazy_attention", info_facts=INFO_FACTS,
+        per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
+        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.benchmarks.attention")
+
+
+DECLARATION = declare(_declaration())

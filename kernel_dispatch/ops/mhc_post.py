@@ -12,7 +12,9 @@ import torch
 from torch import Tensor
 
 from .. import registry
+from ..declaration import Operator, Tolerance, declare
 from ._frontend import PARAM_DTYPES, backend_pair, call_op, check_same_device, check_shape, check_tensor, fmt_shape
+from .mhc_pre import INFO_FACTS, MHCCaps, mhc_meta
 
 OP = "mhc_post"
 
@@ -92,8 +94,22 @@ def mhc_post(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, *, backend: An
     validate(f, x, h_post, h_res)
     lead, (n, D) = x.shape[:-2], x.shape[-2:]
     T = math.prod(lead)
-    meta = {"device": x.device.type, "dtype": x.dtype, "n": n, "D": D}
-    fwd, bwd = backend_pair(OP, meta, backend)
+    fwd, bwd = backend_pair(OP, mhc_meta(x), backend)
     out = MHCPostFunction.apply(f.reshape(T, D), x.reshape(T, n, D), h_post.reshape(T, n), h_res.reshape(T, n, n),
                                 fwd, bwd)
     return out.view(*lead, n, D)
+
+
+def _declaration() -> Operator:
+    from . import mhc_cases as cases
+
+    tol = {"out": (2, 16), "df": (2, 64), "dx": (2, 64), "dh_post": (2, 64), "dh_res": (2, 64)}
+    return Operator(
+        name=OP, function=mhc_post, capabilities=MHCCaps, selection_facts=mhc_meta, validate=validate,
+        outputs=("out",), gradients={"f": "df", "x": "dx", "h_post": "dh_post", "h_res": "dh_res"},
+        env_var="MHC_BACKEND", group="mhc", info_facts=INFO_FACTS,
+        tolerances={k: Tolerance(*v) for k, v in tol.items()},
+        cases=cases.CASES, make_inputs=cases.make_post_inputs)
+
+
+DECLARATION = declare(_declaration())

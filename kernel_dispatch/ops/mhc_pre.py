@@ -11,16 +11,51 @@ dx (backend ``backward(..., dx_acc=...)``) instead of by autograd in a separate 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from .. import registry
+from ..declaration import Capabilities, Fact, Operator, Tolerance, declare
 from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_positive_int, check_same_device,
                         check_shape, check_tensor, fmt_shape)
 
 OP = "mhc_pre"
+
+
+@dataclass(frozen=True)
+class MHCCaps(Capabilities):
+    """mHC limits (pre and post): stream counts n (None: any), D a multiple of ``d_multiple``, at most ``max_d``."""
+
+    n_streams: tuple[int, ...] | None = None
+    d_multiple: int = 1
+    max_d: int | None = None
+
+    def operator_reasons(self, meta: Mapping[str, Any]) -> list[str]:
+        r = []
+        n = meta.get("n")
+        if n is not None and self.n_streams is not None and n not in self.n_streams:
+            r.append(f"n {n} not in {{{', '.join(map(str, self.n_streams))}}}")
+        d = meta.get("D")
+        if d is not None and d % self.d_multiple:
+            r.append(f"D {d} is not a multiple of {self.d_multiple}")
+        if d is not None and self.max_d is not None and d > self.max_d:
+            r.append(f"D {d} > {self.max_d}")
+        return r
+
+    def features(self) -> str:
+        n = "any" if self.n_streams is None else "/".join(map(str, self.n_streams))
+        return f"n {n}, " + ("D any" if self.d_multiple == 1 else f"D % {self.d_multiple} == 0")
+
+
+def mhc_meta(x: Tensor, **_: Any) -> dict:
+    """What the registry needs to know about a call (x [..., n, D]) to choose a backend."""
+    return {"device": x.device.type, "dtype": x.dtype, "n": x.shape[-2], "D": x.shape[-1]}
+
+
+INFO_FACTS = (Fact("n", "--n", 4, "mHC streams"), Fact("D", "--D", 4096, "mHC hidden size"))
 
 
 def _ct(x: Tensor) -> torch.dtype:
@@ -150,8 +185,7 @@ def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor |
     validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps)
     lead, (n, D) = x.shape[:-2], x.shape[-2:]
     T = math.prod(lead)
-    meta = {"device": x.device.type, "dtype": x.dtype, "n": n, "D": D}
-    fwd, bwd = backend_pair(OP, meta, backend)
+    fwd, bwd = backend_pair(OP, mhc_meta(x), backend)
     hp = (int(sinkhorn_iters), float(post_mult), float(norm_eps), float(pre_eps), float(sinkhorn_eps))
     if not isinstance(return_residual, bool):
         raise TypeError(f"return_residual: expected a bool, got {type(return_residual).__name__}")
@@ -160,3 +194,20 @@ def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor |
     if return_residual:
         return h_in, h_post, h_res, outs[5].view(x.shape)
     return h_in, h_post, h_res
+
+
+def _declaration() -> Operator:
+    from . import mhc_cases as cases
+
+    tol = {"h_in": (2, 64, 1), "h_post": (1, 64, 1), "h_res": (1, 256, 2),
+           "dx": (4, 256, 2), "dphi": (2, 256, 2), "dalpha": (2, 256, 2), "dbias": (2, 256, 2), "dgamma": (2, 256, 2)}
+    return Operator(
+        name=OP, function=mhc_pre, capabilities=MHCCaps, selection_facts=mhc_meta, validate=validate,
+        outputs=("h_in", "h_post", "h_res"),
+        gradients={"x": "dx", "phi": "dphi", "alpha": "dalpha", "bias": "dbias", "gamma": "dgamma"},
+        env_var="MHC_BACKEND", group="mhc", info_facts=INFO_FACTS,
+        tolerances={k: Tolerance(*v) for k, v in tol.items()},
+        cases=cases.CASES, make_inputs=cases.make_pre_inputs, bench="kernel_dispatch.benchmarks.mhc")
+
+
+DECLARATION = declare(_declaration())

@@ -7,24 +7,25 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import Capabilities
+from ...ops.lazy_attention import LazyAttentionCaps
+from ...ops.mhc_pre import MHCCaps
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 CAPABILITIES = {
-    "lazy_attention": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
+    "lazy_attention": LazyAttentionCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
                                    notes="Hopper (sm_90a) kernels, checked on H200 and H100; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied; first in "
                                          "auto: faster than Triton on every benchmarked forward and fwd+bwd (H100) "
                                          "but one fwd+bwd, L=32768, D=64, a tie within run-to-run noise (30.71 vs "
                                          "30.51 ms; 30.72 vs 31.26 in the run before)"),
-    "mhc_pre": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
+    "mhc_pre": MHCCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton on the mHC block's fwd+bwd at every benchmarked "
                                   "shape and on every forward from 1 ms up (H100); below 1 ms the block's times vary "
                                   "up to 2x between runs and Triton led one forward (T=16384, D=1280: 0.50 vs 0.60 "
                                   "ms)"),
-    "mhc_post": Capabilities(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
+    "mhc_post": MHCCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                              notes="x fp16/bf16 only (fp32, float64: no)"),
 }
 # Above Triton (20): docs/benchmarks.md (H100, commits ca03af2 and f3284e8) shows TileLang faster on every lazy

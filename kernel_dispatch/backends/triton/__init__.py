@@ -9,21 +9,22 @@ import os
 
 import torch
 
-from ...registry import Capabilities
+from ...ops.lazy_attention import LazyAttentionCaps
+from ...ops.mhc_pre import MHCCaps
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _DEVICES = ("cuda", "cpu")  # cpu: only through the interpreter, see extra_reasons
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 CAPABILITIES = {
-    "lazy_attention": Capabilities(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES,
+    "lazy_attention": LazyAttentionCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES,
                                    head_dims=(16, 32, 64, 128),
                                    notes="two key sweeps; backward without atomics (bitwise deterministic); "
                                          "fp32 dots in IEEE fp32; no float64"),
-    "mhc_pre": Capabilities(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
+    "mhc_pre": MHCCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
                             d_multiple=8, notes="GEMMs on tensor cores keep ~17 bits (bf16 hi/lo splits; TF32x3 "
                                                 "for fp32 x); parameter gradients without atomics; no float64"),
-    "mhc_post": Capabilities(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
+    "mhc_post": MHCCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
                              d_multiple=8, notes="single streaming pass each way, no atomics; no float64"),
 }
 PRIORITY = {"lazy_attention": 20, "mhc_pre": 20, "mhc_post": 20}
