@@ -3,14 +3,16 @@
 Runs anywhere torch runs, in any float dtype; with float64 inputs it computes in float64.
 """
 from ..ops.lazy_attention import LazyAttentionCaps
+from ..ops.lazy_attention_varlen import VarlenCaps
 from ..ops.mhc_pre import MHCCaps
 
 CAPABILITIES = {
     "lazy_attention": LazyAttentionCaps(notes="dense O(L^2) memory; the reference"),
+    "lazy_attention_varlen": VarlenCaps(notes="each document dense O(L^2), one after another; the reference"),
     "mhc_pre": MHCCaps(notes="the reference"),
     "mhc_post": MHCCaps(notes="the reference"),
 }
-PRIORITY = {"lazy_attention": 0, "mhc_pre": 0, "mhc_post": 0}
+PRIORITY = {"lazy_attention": 0, "lazy_attention_varlen": 0, "mhc_pre": 0, "mhc_post": 0}
 
 
 def unavailable() -> str | None:
