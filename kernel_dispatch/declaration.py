@@ -97,6 +97,7 @@ class Operator:
     validate: (bound arguments) -> None, raising an error that names the argument.
     outputs: names of the forward outputs, in order.
     gradients: input name -> gradient name, for every differentiable input (empty: forward only).
+    mutated: inputs the operator writes in place (the matrix gives each call its own copy).
     env_var: the environment variable for this operator (``KERNEL_BACKEND`` applies to every one).
     group: a YAML / ``use_backend`` key naming every operator of the group (``mhc``).
     info_facts: the facts ``kernel_dispatch.info`` exposes as options.
@@ -114,6 +115,7 @@ class Operator:
     validate: Callable[..., None]
     outputs: tuple[str, ...]
     gradients: Mapping[str, str] = field(default_factory=dict)
+    mutated: tuple[str, ...] = ()
     env_var: str | None = None
     group: str | None = None
     info_facts: tuple[Fact, ...] = ()
