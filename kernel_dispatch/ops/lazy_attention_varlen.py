@@ -16,9 +16,9 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Operator, declare
-from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_same_device, check_shape, check_tensor,
+from ._frontend import (backend_pair, call_op, check_same_device, check_shape, check_tensor,
                         fmt_shape)
-from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps
+from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps, check_parameters
 
 OP = "lazy_attention_varlen"
 
@@ -112,13 +112,7 @@ def validate(q, k, v, bias, tau, cu_seqlens, max_seqlen, scale, causal) -> None:
         raise ValueError(f"k: its head count Hkv = {Hkv} must divide the {H} heads of q (H % Hkv == 0)")
     check_shape("k", k, (T, Hkv, D), "[T, Hkv, D]")
     check_shape("v", v, (T, Hkv, D), "[T, Hkv, D]")
-    check_tensor("bias", bias, dtypes=PARAM_DTYPES, ndim=2)
-    if bias.shape[0] != H or bias.shape[1] < 1:
-        raise ValueError(f"bias: expected shape [H, W] = [{H}, W] with W >= 1, got {fmt_shape(bias)}")
-    check_tensor("tau", tau, dtypes=PARAM_DTYPES, ndim=1)
-    check_shape("tau", tau, (H,), "[H]")
-    if scale is not None:
-        check_float("scale", scale)
+    check_parameters(bias, tau, scale, H)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1)

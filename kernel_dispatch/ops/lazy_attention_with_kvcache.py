@@ -15,9 +15,9 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Fact, Operator, declare
-from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_same_device, check_shape, check_tensor,
+from ._frontend import (backend_pair, call_op, check_same_device, check_shape, check_tensor,
                         fmt_shape)
-from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps
+from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps, check_parameters
 
 OP = "lazy_attention_with_kvcache"
 
@@ -87,15 +87,9 @@ def validate(q, k_cache, v_cache, bias, tau, cache_seqlens, k, v, scale) -> None
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)) + news:
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {t.dtype}")
-    check_tensor("bias", bias, dtypes=PARAM_DTYPES, ndim=2)
-    if bias.shape[0] != H or bias.shape[1] < 1:
-        raise ValueError(f"bias: expected shape [H, W] = [{H}, W] with W >= 1, got {fmt_shape(bias)}")
-    check_tensor("tau", tau, dtypes=PARAM_DTYPES, ndim=1)
-    check_shape("tau", tau, (H,), "[H]")
+    check_parameters(bias, tau, scale, H)
     check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), ndim=1)
     check_shape("cache_seqlens", cache_seqlens, (B,), "[B]")
-    if scale is not None:
-        check_float("scale", scale)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("bias", bias), ("tau", tau)) + news:
         if t.requires_grad:
             raise ValueError(f"{name}: requires grad, but lazy_attention_with_kvcache is forward only (inference); "
