@@ -24,7 +24,7 @@ import torch
 from .benchmarks import attention, baselines, docs, mhc, plots, report
 from .benchmarks.common import sweep
 from .benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
-from .config import BACKEND_NAMES
+from .registry import BACKEND_NAMES
 
 BACKENDS = BACKEND_NAMES + tuple(dict.fromkeys(baselines.ATTENTION + baselines.MHC))
 OPS = {"lazy_attention": attention, "mhc": mhc}
