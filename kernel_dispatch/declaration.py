@@ -105,7 +105,8 @@ class Operator:
     tolerances: tensor name (outputs and gradients) -> :class:`Tolerance`.
     cases: test cases (objects with ``name`` and ``big``); make_inputs(case, dtype, device, seed) ->
         :class:`kernel_dispatch.testing.matrix.Inputs`.
-    bench: the module of its benchmark (see :mod:`kernel_dispatch.benchmarks.common`), or None.
+    bench: its bench module, as an import path or the module object (the protocol is in
+        :mod:`kernel_dispatch.benchmarks.common`; operators benchmarked as one block share one), or None.
     """
 
     name: str
@@ -123,7 +124,7 @@ class Operator:
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     cases: tuple = ()
     make_inputs: Callable | None = None
-    bench: str | None = None
+    bench: Any = None
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The arguments of a call of ``function`` by parameter name, defaults applied."""

@@ -146,7 +146,7 @@ def gpu():
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel, SDPBackend
     from kernel_dispatch.backends.tilelang import lazy_attention as tla
-    from kernel_dispatch.benchmarks import attention as A
+    from kernel_dispatch.ops import lazy_attention_bench as A
     from kernel_dispatch.benchmarks.timing import Settings, Timer
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)

@@ -222,7 +222,7 @@ def _declaration() -> Operator:
         gradients={"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "tau": "dtau"},
         env_var="LAZYATTN_BACKEND", group="lazy_attention", info_facts=INFO_FACTS,
         per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
-        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.benchmarks.attention")
+        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.ops.lazy_attention_bench")
 
 
 DECLARATION = declare(_declaration())
