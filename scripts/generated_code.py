@@ -1,6 +1,6 @@
 """Generated code of every shipped kernel, to prove a refactor leaves the kernels byte-identical.
 
-    python3 scripts/generated_code.py OUT_DIR [--only triton|tilelang] [--jobs 2]
+    python3 scripts/generated_code.py OUT_DIR [--only triton|tilelang] [--match REGEX] [--jobs 2]
     python3 scripts/generated_code.py --compare A B
 
 The first form compiles every shipped Triton kernel configuration for ``GPUTarget("cuda", 90, 32)`` (the specs the
@@ -45,14 +45,13 @@ def normalise_ptx(ptx: str) -> str:
 def _triton_specs() -> dict:
     import torch
 
-    from kernel_dispatch.backends.triton import mhc_post, mhc_pre
-    from kernel_dispatch.backends.triton.lazy_attention import sm90_compile_specs
+    from kernel_dispatch.testing.triton_compile import lazy_attention_specs, mhc_post_specs, mhc_pre_specs
 
     specs = {}
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    groups = [("attn", sm90_compile_specs(causal=(True, False)))]
-    groups += [("mhc_pre", mhc_pre.sm90_compile_specs(dtypes=dtypes, ns=(1, 2, 4, 8))),
-               ("mhc_post", mhc_post.sm90_compile_specs(dtypes=dtypes, ns=(1, 2, 4, 8)))]
+    groups = [("attn", lazy_attention_specs(causal=(True, False))),
+              ("mhc_pre", mhc_pre_specs(dtypes=dtypes, ns=(1, 2, 4, 8))),
+              ("mhc_post", mhc_post_specs(dtypes=dtypes, ns=(1, 2, 4, 8)))]
     for prefix, group in groups:
         for spec in group:
             key = f"{prefix}-{spec['id']}"
@@ -82,11 +81,9 @@ def _generate(task: tuple[str, str]) -> tuple[str, str, str, float]:
         _SPECS[backend] = _triton_specs() if backend == "triton" else _tilelang_specs()
     spec = _SPECS[backend][key]
     if backend == "triton":
-        from kernel_dispatch.backends.triton._compile_check import compile_sm90
+        from kernel_dispatch.testing.triton_compile import compile_spec
 
-        kernel = compile_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"],
-                              spec["num_stages"], divisible=spec["divisible"])
-        code = normalise_ptx(kernel.asm["ptx"])
+        code = normalise_ptx(compile_spec(spec).asm["ptx"])
     else:
         from kernel_dispatch.testing.tilelang_build import cuda_source
 
@@ -95,13 +92,16 @@ def _generate(task: tuple[str, str]) -> tuple[str, str, str, float]:
     return backend, key, code, time.time() - t0
 
 
-def generate(out_dir: str, backends: tuple[str, ...], jobs: int) -> dict:
-    """Write every kernel's code of ``backends`` under ``out_dir`` and its manifest; returns the manifest."""
+def generate(out_dir: str, backends: tuple[str, ...], jobs: int, match: str | None = None) -> dict:
+    """Write the code of every kernel of ``backends`` (whose id matches ``match``, a regex, if given) under
+    ``out_dir`` and add it to the manifest there; returns the manifest."""
     tasks = []
     if "tilelang" in backends:
         tasks += [("tilelang", k) for k in _tilelang_specs()]
     if "triton" in backends:
         tasks += [("triton", k) for k in _triton_specs()]
+    if match:
+        tasks = [t for t in tasks if re.search(match, t[1])]
     for b in backends:
         os.makedirs(os.path.join(out_dir, b), exist_ok=True)
     manifest, t0 = {}, time.time()
@@ -116,8 +116,9 @@ def generate(out_dir: str, backends: tuple[str, ...], jobs: int) -> dict:
                 manifest[rel] = hashlib.sha256(code.encode()).hexdigest()
                 print(f"[{time.time() - t0:6.0f}s {i}/{len(tasks)}] {rel} ({secs:.1f}s)", flush=True)
     path = os.path.join(out_dir, "manifest.json")
-    if os.path.exists(path):  # keep the other backend's entries of an earlier run
-        kept = {k: v for k, v in _load_manifest(path).items() if k.split("/")[0] not in backends}
+    if os.path.exists(path):  # keep the entries of an earlier run that this one did not regenerate
+        kept = {k: v for k, v in _load_manifest(path).items()
+                if k not in manifest and (match or k.split("/")[0] not in backends)}
         manifest.update(kept)
     manifest = dict(sorted(manifest.items()))
     with open(path, "w") as f:
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", nargs="?", help="directory for the generated code and manifest.json")
     p.add_argument("--only", choices=("triton", "tilelang"), help="one backend only")
+    p.add_argument("--match", help="only the kernels whose id matches this regular expression")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two output directories or manifests")
     args = p.parse_args(argv)
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     if not args.out_dir:
         p.error("OUT_DIR is required unless --compare is given")
     backends = (args.only,) if args.only else ("tilelang", "triton")
-    manifest = generate(args.out_dir, backends, args.jobs)
+    manifest = generate(args.out_dir, backends, args.jobs, args.match)
     print(f"{len(manifest)} kernels written to {args.out_dir}")
     return 0
 

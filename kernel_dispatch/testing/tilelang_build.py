@@ -38,7 +38,7 @@ def shipped_kernels() -> Iterator[tuple[str, Callable, tuple]]:
             for name, factory in la.FACTORIES.items():
                 for causal in ((True,) if name == "row_dot" else (True, False)):  # row_dot has no mask
                     yield (f"attn-{name}-{dtype}-d{D}-{'causal' if causal else 'full'}", factory,
-                           (D, dtype, causal, *la.CONFIGS[D][name]))
+                           (D, dtype, causal, la.CONFIGS[D][name]))
     seen = set()
     for D in MHC_DS:
         for dtype in (torch.bfloat16, torch.float16):
