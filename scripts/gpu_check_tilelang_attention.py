@@ -32,6 +32,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from kernel_dispatch.backends.tilelang._lazy_attention_row_dot_kernel import RowTiles  # noqa: E402
+from kernel_dispatch.backends.tilelang._lazy_attention_tiles import Tiles  # noqa: E402
 CACHE_TAR = os.path.join(ROOT, ".devcache", "tilelang-attn-cache.tar.xz")
 T0 = time.time()
 DEADLINE = float(os.environ.get("ATTN_CHECK_DEADLINE", "275"))
@@ -73,11 +75,11 @@ KERNELS = ("lse", "fwd", "row_dot", "dq_delta", "dkdv")
 # 1.398 ms: the sums cost 8% of that kernel.
 # List new candidates here.
 VARIANTS = {
-    "lse": [(256, 128, 512, 2)],
-    "fwd": [(128, 128, 256, 2)],
-    "row_dot": [(32, 128)],
-    "dq_delta": [(128, 64, 256, 2)],
-    "dkdv": [(64, 128, 256, 2)],
+    "lse": [Tiles(block_m=256, block_n=128, threads=512, num_stages=2)],
+    "fwd": [Tiles(block_m=128, block_n=128, threads=256, num_stages=2)],
+    "row_dot": [RowTiles(block_rows=32, threads=128)],
+    "dq_delta": [Tiles(block_m=128, block_n=64, threads=256, num_stages=2)],
+    "dkdv": [Tiles(block_m=64, block_n=128, threads=256, num_stages=2)],
 }
 # Candidate tile configs, each checked on every small case (the configs of one candidate applied
 # together), timed as a whole op ("tilelang[tag]") and kernel by kernel: {tag: {head_dim: {kernel: config}}}.
@@ -145,7 +147,7 @@ def _build_one(spec):
     KernelCache._get_cache_path = spy
     t = time.time()
     try:
-        lazy_attention.kernel(*spec, tuple(sorted(_build.SM90A.items())))
+        lazy_attention.kernel(*spec)
         return spec, time.time() - t, None, used
     except Exception as e:  # reported, the check goes on without this kernel
         return spec, time.time() - t, f"{type(e).__name__}: {str(e).splitlines()[-1][:300]}", used
@@ -303,7 +305,6 @@ def time_kernels():
     B, H, L, D = q.shape
     W = bias.shape[1]
     scale = D ** -0.5
-    tgt = tuple(sorted(_build.device_target(q.device).items()))
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
     LP = -(-L // 4) * 4
     inv_i = torch.zeros(B, LP, device="cuda")
@@ -314,12 +315,12 @@ def time_kernels():
     delta = torch.zeros(B, H, LP, device="cuda")
     rdiv = torch.zeros(B, H, LP, device="cuda")
     d0 = torch.zeros(B, H, LP, device="cuda")
-    la.kernel("row_dot", D, "bfloat16", True, la.CONFIGS[D]["row_dot"], tgt)(do, o, d0)
-    la.kernel("dq_delta", D, "bfloat16", True, la.CONFIGS[D]["dq_delta"], tgt)(q, k, v, do, bias, tau, lens, lse_p, d0,
+    la.kernel("row_dot", D, "bfloat16", True, la.CONFIGS[D]["row_dot"], q.device)(do, o, d0)
+    la.kernel("dq_delta", D, "bfloat16", True, la.CONFIGS[D]["dq_delta"], q.device)(q, k, v, do, bias, tau, lens, lse_p, d0,
                                                                                 delta, rdiv, torch.empty_like(q), scale)
 
     def call(name, cfg):
-        kern = la.kernel(name, D, "bfloat16", True, cfg, tgt)
+        kern = la.kernel(name, D, "bfloat16", True, cfg, q.device)
         if name == "lse":
             out = torch.empty(B, H, L, device="cuda")
             return out, lambda: kern(q, k, bias, lens, out, scale)
@@ -333,7 +334,7 @@ def time_kernels():
             out = torch.zeros(B, H, LP, device="cuda")
             return out, lambda: kern(do, o, out)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        part = torch.zeros(B, H, -(-L // cfg[1]), min(W, L), device="cuda")
+        part = torch.zeros(B, H, -(-L // cfg.block_n), min(W, L), device="cuda")
 
         def run_dkdv():
             part.zero_()

@@ -92,8 +92,8 @@ def _compile_one(item):
     import importlib
     t = time.time()
     try:
-        from kernel_dispatch.backends.tilelang._mhc_common import compile_mhc
-        compile_mhc(importlib.import_module(mod).build(*args), target)
+        from kernel_dispatch.backends.tilelang._build import compile_kernel
+        compile_kernel(importlib.import_module(mod).build(*args), target)
         return mod, args, time.time() - t, None
     except Exception as e:  # report, keep going
         return mod, args, time.time() - t, f"{type(e).__name__}: {e}"[-400:]
@@ -347,12 +347,12 @@ def gpu_main():
     results["tilelang"] = tilelang.__version__
     log(f"device {results['device']}, torch {torch.__version__}, tilelang {tilelang.__version__}, "
         f"cache {os.environ.get('TILELANG_CACHE_DIR', 'default')}")
-    from kernel_dispatch.backends.tilelang._build import device_target
-    from kernel_dispatch.backends.tilelang._mhc_common import kernel, sm_count
+    from kernel_dispatch.backends.tilelang._build import device_target, kernel
+    from kernel_dispatch.backends.tilelang._mhc_common import sm_count
     sms = sm_count(torch.cuda.current_device())
     specs = all_specs((torch.bfloat16, torch.float16), sms)
     t = time.time()
-    kernel(specs[0][0], *specs[0][1], device=torch.device("cuda"))  # a cache probe
+    kernel(specs[0][0], specs[0][1], torch.device("cuda"))  # a cache probe
     probe = time.time() - t
     log(f"{len(specs)} kernels; first load took {probe:.1f}s")
     if probe > 3:  # cache miss: compile the rest in parallel processes first
@@ -360,7 +360,7 @@ def gpu_main():
     t = time.time()
     for f, a in specs:
         try:
-            kernel(f, *a, device=torch.device("cuda"))
+            kernel(f, a, torch.device("cuda"))
         except Exception as e:
             log("LOAD FAILED", f.__wrapped__.__module__, a, f"{type(e).__name__}: {e}"[-300:])
     log(f"kernels ready ({time.time() - t:.1f}s)")

@@ -30,7 +30,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernel_dispatch as kd  # noqa: E402
-from kernel_dispatch.backends.triton import _mhc_pre_bwd, _mhc_pre_fwd, _mhc_pre_fwd_apply, mhc_post  # noqa: E402
+from kernel_dispatch.backends.triton import _mhc_pre_bwd, _mhc_pre_bwd_grad, _mhc_pre_fwd, _mhc_pre_fwd_apply, mhc_post  # noqa: E402
 from kernel_dispatch.golden import mhc_post as gpost  # noqa: E402
 from kernel_dispatch.golden import mhc_pre as gpre  # noqa: E402
 from tests.cases import MHCCase, make_inputs, run, upcast  # noqa: E402
@@ -43,7 +43,7 @@ FWD_BYTES, BWD_BYTES = 10 + 18, 26 + 28  # minimum bytes per token per unit of D
 KERNELS = {"pre fwd gemm": _mhc_pre_fwd.mhc_pre_fwd_gemm_kernel,
            "pre fwd apply": _mhc_pre_fwd_apply.mhc_pre_fwd_apply_kernel,
            "pre bwd token": _mhc_pre_bwd.mhc_pre_bwd_token_kernel,
-           "pre bwd grad": _mhc_pre_bwd.mhc_pre_bwd_grad_kernel, "post fwd": mhc_post.mhc_post_fwd_kernel,
+           "pre bwd grad": _mhc_pre_bwd_grad.mhc_pre_bwd_grad_kernel, "post fwd": mhc_post.mhc_post_fwd_kernel,
            "post bwd": mhc_post.mhc_post_bwd_kernel}
 
 

@@ -48,12 +48,19 @@ def specs():
     return out
 
 
+def _factory_args(args):
+    """(D, dtype, S, P, DC, BT, stages, threads, acc) as the dx factory's arguments."""
+    from kernel_dispatch.backends.tilelang._mhc_pre_bwd_dx_kernel import DxTiles
+    D, dt, S, P, dc, bt, st, th, acc = args
+    return D, dt, S, P, DxTiles(chunk=dc, tokens=bt, stages=st, threads=th), acc
+
+
 def _compile(args):
     from kernel_dispatch.backends.tilelang import _mhc_pre_bwd_dx_kernel as k
-    from kernel_dispatch.backends.tilelang._mhc_common import compile_mhc
+    from kernel_dispatch.backends.tilelang._build import compile_kernel
     t = time.time()
     try:
-        compile_mhc(k.build(*args))
+        compile_kernel(k.build(*_factory_args(args)))
         return args, time.time() - t, None
     except Exception as e:  # reported; the sweep goes on without it
         return args, time.time() - t, f"{type(e).__name__}: {str(e).splitlines()[-1][:300]}"
@@ -80,7 +87,7 @@ def gpu_main():
         tar.extractall(cache)
     os.environ["TILELANG_CACHE_DIR"] = os.path.join(cache, "cache")
     from kernel_dispatch.backends.tilelang import _mhc_pre_bwd_dx_kernel as k
-    from kernel_dispatch.backends.tilelang._mhc_common import kernel
+    from kernel_dispatch.backends.tilelang._build import kernel
     dev = torch.device("cuda")
     x_ = torch.empty(1 << 28, dtype=torch.bfloat16, device=dev)
     t0 = time.time()
@@ -103,7 +110,7 @@ def gpu_main():
         for (dc, bt, st, th, ctas, acc), args in zip(VARIANTS, [s for s in specs() if s[0] == D]):
             S = args[2]
             try:
-                kern = kernel(k.build, *args, device=dev)
+                kern = kernel(k.build, _factory_args(args), dev)
             except Exception as e:
                 print(f"D={D} {args}: build/load failed {type(e).__name__}: {str(e)[-200:]}")
                 continue

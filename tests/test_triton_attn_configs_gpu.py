@@ -42,7 +42,7 @@ def _params():
 def test_each_config_is_right_and_deterministic(kernel, dtype, D, index, monkeypatch):
     from kernel_dispatch.backends.triton import lazy_attention as tk
     config = tk.shipped_configs(kernel, D, dtype)[index]
-    force_config(monkeypatch, tk._TUNED[kernel], config)
+    force_config(monkeypatch, tk.KERNELS[kernel], config)
     monkeypatch.delenv(tk.CONFIG_ENV, raising=False)
     inp = make_inputs("lazy_attention", _case(D), dtype, "cuda", seed=5)
     check_right_and_deterministic("lazy_attention", inp, dtype, (dtype, D), f"{kernel} config {config}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from kernel_dispatch.backends.triton import lazy_attention as tk
 
@@ -98,8 +99,7 @@ def test_dbias_scratch_in_chunks(per_launch, causal, monkeypatch):
     """dq launches over (b, h) chunks when the dbias partial sums would not fit SCRATCH_ELEMS."""
     case = AttnCase("chunks", B=3, H=3, Hkv=1, L=40, D=16, W=12, causal=causal, lengths=(40, 23, 40))
     inp = make_inputs("lazy_attention", case, torch.float32, DEVICE, seed=4)
-    q = inp.tensors["q"]
-    blk = tk._INTERPRET_CONFIGS["dq"][0] if tk.INTERPRET else tk.shipped_configs("dq", 16, q.dtype)[0].kwargs["BLOCK"]
+    blk = tk.dq_block(inp.tensors["q"])
     n_blocks, seg = -(-case.L // blk), -(-case.W // blk) * (1 if causal else 2)
     per_bh = n_blocks * seg * blk
     monkeypatch.setattr(tk, "SCRATCH_ELEMS", 2 * per_bh if per_launch == "head_slices" else 3 * per_bh)
@@ -129,8 +129,10 @@ def _cuda_block_configs():
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("fwd_blocks,dq_block,dkdv_blocks", _cuda_block_configs())
 def test_cuda_block_shapes_under_interpreter(fwd_blocks, dq_block, dkdv_blocks, causal, monkeypatch):
-    configs = {"fwd": (*fwd_blocks, 1, 1), "dq": (dq_block, 1, 1), "dkdv": (*dkdv_blocks, 1, 1)}
-    monkeypatch.setattr(tk, "_INTERPRET_CONFIGS", configs)
+    blocks = {"fwd": {"BLOCK_M": fwd_blocks[0], "BLOCK_N": fwd_blocks[1]}, "dq": {"BLOCK": dq_block},
+              "dkdv": {"BLOCK_M": dkdv_blocks[0], "BLOCK_N": dkdv_blocks[1]}}
+    for name, kernel in tk.KERNELS.items():
+        monkeypatch.setattr(kernel, "configs", [triton.Config(blocks[name], num_warps=1, num_stages=1)])
     case = AttnCase("cuda_blocks", B=2, H=2, Hkv=1, L=300, D=16, W=70, causal=causal, lengths=(300, 141))
     inp = make_inputs("lazy_attention", case, torch.float32, DEVICE, seed=2)
     got, _ = _run_kernels(inp)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernel_dispatch.backends.triton import _mhc_pre_bwd as pre_bwd
+from kernel_dispatch.backends.triton import _mhc_pre_bwd_grad as pre_grad
 from kernel_dispatch.backends.triton import _mhc_pre_fwd as pre_fwd
 from kernel_dispatch.backends.triton import mhc_post as tpost
 from kernel_dispatch.backends.triton import mhc_pre as tpre
@@ -91,7 +92,7 @@ def _cuda_config_params():
     params = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         kind = X_KINDS[dtype]
-        fwd, grad = pre_fwd.gemm_configs(kind, 4), pre_bwd.grad_configs(kind, 4)
+        fwd, grad = pre_fwd.gemm_configs(kind, 4), pre_grad.grad_configs(kind, 4)
         tok, pf, pb = pre_bwd.TOKEN_CONFIGS, tpost.FWD_CONFIGS, tpost.BWD_CONFIGS
         for i in range(max(len(fwd), len(grad), len(tok), len(pf), len(pb))):
             cfgs = (fwd[i % len(fwd)], tok[i % len(tok)], grad[i % len(grad)], pf[i % len(pf)], pb[i % len(pb)])
@@ -103,7 +104,7 @@ def _cuda_config_params():
 @pytest.mark.skipif(not INTERPRET, reason="the CUDA configs run natively in the GPU checks")
 @pytest.mark.parametrize("dtype,cfgs", _cuda_config_params())
 def test_cuda_configs_under_interpreter(dtype, cfgs, monkeypatch):
-    kernels = (pre_fwd.mhc_pre_fwd_gemm_kernel, pre_bwd.mhc_pre_bwd_token_kernel, pre_bwd.mhc_pre_bwd_grad_kernel,
+    kernels = (pre_fwd.mhc_pre_fwd_gemm_kernel, pre_bwd.mhc_pre_bwd_token_kernel, pre_grad.mhc_pre_bwd_grad_kernel,
                tpost.mhc_post_fwd_kernel, tpost.mhc_post_bwd_kernel)
     for kernel, cfg in zip(kernels, cfgs):
         monkeypatch.setattr(kernel, "configs", [cfg])

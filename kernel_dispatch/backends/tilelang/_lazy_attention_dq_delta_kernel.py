@@ -24,20 +24,22 @@ dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, is_free_tile,
-                                    is_one_key_row, key_blocks, one_key_rows_macro, row_block,
-                                    score_macro)
+from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    is_one_key_row, key_blocks, one_key_rows_macro, row_block, score_macro)
+
+# 64-key tiles keep the two fp32 accumulators (X, Y) in registers
+CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
+           128: Tiles(block_m=128, block_n=64, threads=256, num_stages=2)}
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 64, threads: int = 256,
-          num_stages: int = 2):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, D0, Delta,
     Rdiv, dQ, scale."""
     import_tilelang()
     import tilelang.language as T
 
-    D, BM, BN = head_dim, block_m, block_n
+    D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
     B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)

@@ -8,8 +8,21 @@ free tiles skip the per-element index work and fold the scale into their exponen
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The tile configuration of a lazy attention kernel: ``block_m`` queries x ``block_n`` keys per tile,
+    ``threads`` per CTA, ``num_stages`` of its software pipeline."""
+
+    block_m: int
+    block_n: int
+    threads: int
+    num_stages: int
 
 
 def is_free_tile(m0, n0, rows_q: int, cols_k: int, lb, w, mask_rows: bool):
