@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .mhc_recompute import StreamRecompute
 from .ops import lazy_attention, mhc_post, mhc_pre
 
 
@@ -260,18 +261,30 @@ class MHC(nn.Module):
         with _no_autocast(x):
             return mhc_pre(x, self.phi, self.alpha, self.bias, self.gamma, sinkhorn_iters=self.sinkhorn_iters)
 
-    def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
+    def pre(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(h_in, h_post, h_res, x_res): :meth:`mixings` plus x itself for :meth:`post` (mhc_pre's residual
+        output, through which the backward sums both gradients of x inside the pre backward kernel)."""
+        with _no_autocast(x):
+            return mhc_pre(x, self.phi, self.alpha, self.bias, self.gamma, sinkhorn_iters=self.sinkhorn_iters,
+                           return_residual=True)
+
+    def post(self, f: Tensor, x_res: Tensor, h_post: Tensor, h_res: Tensor) -> Tensor:
+        """The new streams [..., n, dim]: h_post * f + h_res^T x (mhc_post), in x's dtype."""
+        with _no_autocast(x_res):
+            return mhc_post(f, x_res, h_post, h_res)
+
+    def forward(self, x: Tensor, *args, recompute: StreamRecompute | None = None, **kwargs) -> Tensor:
         """x [..., n, dim] -> [..., n, dim] in x's dtype; ``args``/``kwargs`` go to the sublayer.
 
-        x reaches mhc_post through mhc_pre's residual output, so the backward sums the two
-        gradients of x inside the pre backward kernel (no separate pass over [..., n, dim]).
+        ``recompute``: a :class:`kernel_dispatch.mhc_recompute.StreamRecompute` shared by consecutive
+        wrappers: the input streams are then rebuilt in the backward instead of kept (same gradients,
+        bitwise). Ignored outside autograd.
         """
-        with _no_autocast(x):
-            h_in, h_post, h_res, x_res = mhc_pre(x, self.phi, self.alpha, self.bias, self.gamma,
-                                                 sinkhorn_iters=self.sinkhorn_iters, return_residual=True)
+        if recompute is not None and torch.is_grad_enabled():
+            return recompute(self, x, *args, **kwargs)
+        h_in, h_post, h_res, x_res = self.pre(x)
         f = self.sublayer(h_in, *args, **kwargs).to(x.dtype)
-        with _no_autocast(x):
-            return mhc_post(f, x_res, h_post, h_res)
+        return self.post(f, x_res, h_post, h_res)
 
 
 def expand_streams(h: Tensor, n: int) -> Tensor:
@@ -284,5 +297,5 @@ def collapse_streams(x: Tensor) -> Tensor:
     return x.mean(dim=-2)
 
 
-__all__ = ["LazyAttention", "PackedDocuments", "RMSNorm", "PreNorm", "SwiGLU", "MHC", "mhc_bias_init",
-           "expand_streams", "collapse_streams", "rotary_tables", "rotary_at", "apply_rotary"]
+__all__ = ["LazyAttention", "PackedDocuments", "RMSNorm", "PreNorm", "SwiGLU", "MHC", "StreamRecompute",
+           "mhc_bias_init", "expand_streams", "collapse_streams", "rotary_tables", "rotary_at", "apply_rotary"]
