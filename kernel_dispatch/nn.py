@@ -1,8 +1,9 @@
 """nn.Module layers built on the operators: LazyAttention (RoPE, GQA, packed documents) and the mHC wrapper.
 
 Layout: activations are [B, L, dim] (batch, sequence, features), or [T, dim] for documents packed
-one after another (see :class:`PackedDocuments`); mHC residual streams are [..., n, dim]. Learnable operator parameters (attention ``bias``/``tau``, mHC ``phi``/``alpha``/
-``bias``/``gamma``) are fp32, as the operators require; activations may be bf16. The operators run
+one after another (see :class:`PackedDocuments`); mHC residual streams are [..., n, dim]. Learnable
+operator parameters (attention ``bias``/``tau``, mHC ``phi``/``alpha``/``bias``/``gamma``) are fp32,
+as the operators require; activations may be bf16. The operators run
 with autocast switched off so that, under ``torch.autocast``, they see the tensors' own dtypes and
 their fp32 internal math is not recast (projections and MLPs still autocast).
 """

@@ -11,7 +11,10 @@ from torch.profiler import ProfilerActivity, profile
 
 import kernel_dispatch as kd
 from kernel_dispatch.mhc_recompute import StreamRecompute, optimal_block
+from kernel_dispatch import registry
 from kernel_dispatch.nn import MHC, LazyAttention, PackedDocuments, PreNorm, RMSNorm, SwiGLU, expand_streams
+from kernel_dispatch.training import config as tcfg
+from kernel_dispatch.training import loop
 
 N = 4
 
@@ -148,3 +151,23 @@ def test_misuse_is_an_error():
 
 def test_optimal_block():
     assert optimal_block(4, 24) == 4 and optimal_block(4, 4) == 2 and optimal_block(4, 1) == 1
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_training_with_recompute_is_bitwise_the_same(pack, tmp_path):
+    """train.mhc_recompute: the same losses and weights after a few steps, to the bit (2 layers: 4 wrappers)."""
+    registry.set_yaml_backend("golden", "test")
+    base = {"model": {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "max_bias_length": 16},
+            "data": {"seq_len": 16, "pack": pack},
+            "train": {"batch_size": 2, "max_steps": 3, "eval_interval": 100, "eval_batches": 1, "device": "cpu",
+                      "progress": False, "plot": False}}
+    runs = []
+    for recompute in (False, True):
+        cfg = tcfg.from_mapping(tcfg.apply_overrides(base, [("train.mhc_recompute", recompute),
+                                                            ("train.out_dir", str(tmp_path / str(recompute)))]),
+                                "test config")
+        runs.append(loop.train(cfg))
+    assert runs[1].summary["mhc_recompute"] == 2 and runs[0].summary["mhc_recompute"] == 0
+    assert runs[1].history == runs[0].history
+    for (name, a), b in zip(runs[0].model.state_dict().items(), runs[1].model.state_dict().values()):
+        assert torch.equal(a, b), name
