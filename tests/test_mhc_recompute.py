@@ -171,3 +171,17 @@ def test_training_with_recompute_is_bitwise_the_same(pack, tmp_path):
     assert runs[1].history == runs[0].history
     for (name, a), b in zip(runs[0].model.state_dict().items(), runs[1].model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_memory_script_on_the_cpu(capsys):
+    """The GPU measurement script at a tiny size on the CPU: the forward keeps exactly the dropped streams fewer."""
+    from kernel_dispatch.training import memory
+
+    args = ["--layers", "2", "--steps", "1", "--backend=golden", "--train.batch_size=2", "--data.seq_len=16",
+            "--model.dim=32", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.sinkhorn_iters=2"]
+    assert memory.main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 layers (4 mHC wrappers)" in out and "gradients bitwise equal: yes" in out
+    assert "2 of 4 stream tensors dropped" in out  # block 2 (the default for n = 4, W = 4)
+    stream_bytes = 2 * 16 * 4 * 32 * 4  # tokens * n * dim * fp32
+    assert f"difference {2 * stream_bytes}, predicted {2 * stream_bytes}" in out
