@@ -133,11 +133,20 @@ class StreamRecompute:
         self.block_size = block
         self._block: _Block | None = None
         self._last: Tensor | None = None
+        self._backends: dict[tuple, str] = {}
+
+    def _post_backend(self, f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor) -> str:
+        """The backend mhc_post's forward ran on for these inputs (resolved once per kind of input and choice)."""
+        from . import registry
+        from .explain import which_backend
+
+        key = (x.device.type, x.dtype, tuple(x.shape[-2:]), registry.current_choice("mhc_post"))
+        if key not in self._backends:
+            self._backends[key] = which_backend("mhc_post", f, x, h_post, h_res).forward
+        return self._backends[key]
 
     def __call__(self, mhc, x: Tensor, *args, **kwargs) -> Tensor:
         """``mhc(x, *args, **kwargs)`` for the wrapper ``mhc`` (a :class:`kernel_dispatch.nn.MHC`)."""
-        from .explain import which_backend
-
         block = self._block
         if block is None or len(block.steps) == self.block_size:
             block = self._block = _Block(x)
@@ -150,7 +159,7 @@ class StreamRecompute:
         f = mhc.sublayer(h_in, *args, **kwargs).to(x.dtype)
         with block.hooks(j):
             out = mhc.post(f, x_res, h_post, h_res)
-        backend = which_backend("mhc_post", f, x_res, h_post, h_res).forward
+        backend = self._post_backend(f, x_res, h_post, h_res)
         block.steps.append(_Step(f.detach(), h_post.detach(), h_res.detach(), backend))
         if j > 0:
             block.streams[j] = None  # the handles rebuild it; no reference is kept
