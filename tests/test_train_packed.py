@@ -141,6 +141,7 @@ def test_a_few_packed_steps_lower_the_loss(tmp_path):
     result = loop.train(packed_config(tmp_path))
     s = result.summary
     assert s["pack"] is True and s["steps"] == 8
+    assert s["backends"][0].startswith("lazy_attention_varlen -> golden"), s["backends"]
     assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.3, s
     assert all(torch.isfinite(torch.tensor(loss)) for _, loss in result.history["train"])
 

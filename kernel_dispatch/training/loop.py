@@ -123,7 +123,7 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
         val = eval_batches(corpus.val, cfg.data.seq_len, tc.batch_size, n_eval, env.rank, env.world)
     mhc_recompute = recompute_block(cfg.model, tc.mhc_recompute_block) if tc.mhc_recompute else 0
     net = LazyLM(cfg.model, act_dtype, mhc_recompute).to(dev)
-    resolutions = resolve_backends(cfg.model, dev, act_dtype)
+    resolutions = resolve_backends(cfg.model, dev, act_dtype, packed=cfg.data.pack)
     n_params = sum(p.numel() for p in net.parameters())
     where = f"{env.world} ranks ({'DDP' if tc.dist == 'ddp' else 'FSDP2'})" if env.distributed else "1 process"
     data_line = f"{len(corpus.train):,} training bytes" + (

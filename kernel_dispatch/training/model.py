@@ -92,11 +92,13 @@ def recompute_block(cfg: ModelConfig, block: int) -> int:
     return block or optimal_block(cfg.n_streams, 2 * cfg.n_layers)
 
 
-def resolve_backends(cfg: ModelConfig, device: torch.device, act_dtype: torch.dtype) -> list[Resolution]:
+def resolve_backends(cfg: ModelConfig, device: torch.device, act_dtype: torch.dtype,
+                     packed: bool = False) -> list[Resolution]:
     """The backend each operator of this model resolves to on ``device`` / ``act_dtype``, and its source.
 
-    Probes :func:`kernel_dispatch.which_backend` with tensors shaped like the model's calls, so
-    an explicit choice that cannot run raises here, before training starts.
+    Probes :func:`kernel_dispatch.which_backend` with tensors shaped like the model's calls (attention
+    over packed documents for ``packed``), so an explicit choice that cannot run raises here, before
+    training starts.
     """
     hd, n = cfg.dim // cfg.n_heads, cfg.n_streams
     f32 = dict(device=device, dtype=torch.float32)
@@ -104,9 +106,15 @@ def resolve_backends(cfg: ModelConfig, device: torch.device, act_dtype: torch.dt
     kv = torch.zeros(1, cfg.n_kv_heads, 1, hd, device=device, dtype=act_dtype)
     x = torch.zeros(1, n, cfg.dim, device=device, dtype=act_dtype)
     M = n * n + 2 * n
+    params = (torch.zeros(cfg.n_heads, cfg.max_bias_length, **f32), torch.zeros(cfg.n_heads, **f32))
+    if packed:
+        cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        attention = which_backend("lazy_attention_varlen", q[0].transpose(0, 1), kv[0].transpose(0, 1),
+                                  kv[0].transpose(0, 1), *params, cu)
+    else:
+        attention = which_backend("lazy_attention", q, kv, kv, *params)
     return [
-        which_backend("lazy_attention", q, kv, kv, torch.zeros(cfg.n_heads, cfg.max_bias_length, **f32),
-                      torch.zeros(cfg.n_heads, **f32)),
+        attention,
         which_backend("mhc_pre", x, torch.zeros(M, n * cfg.dim, **f32), torch.zeros(3, **f32), torch.zeros(M, **f32),
                       torch.ones(n * cfg.dim, **f32)),
         which_backend("mhc_post", x[:, 0], x, torch.zeros(1, n, **f32), torch.zeros(1, n, n, **f32)),
