@@ -144,7 +144,7 @@ class LazyAttention(nn.Module):
         - ``documents``: a :class:`PackedDocuments` built once for all layers.
 
         In the packed form no token attends to another document, and rotary positions, the bias
-        distance and i = m + 1 restart at 0 at each document's first token.
+        distance and i = m + 1 count from each document's first token.
         """
         given = [name for name, v in (("cu_seqlens", cu_seqlens), ("document_ids", document_ids),
                                       ("documents", documents)) if v is not None]
