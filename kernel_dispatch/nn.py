@@ -1,4 +1,5 @@
-"""nn.Module layers built on the operators: LazyAttention (RoPE, GQA, packed documents) and the mHC wrapper.
+"""nn.Module layers built on the operators: LazyAttention (RoPE, GQA, packed documents, a KV cache) and the mHC
+wrapper.
 
 Layout: activations are [B, L, dim] (batch, sequence, features), or [T, dim] for documents packed
 one after another (see :class:`PackedDocuments`); mHC residual streams are [..., n, dim]. Learnable
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .mhc_recompute import StreamRecompute
-from .ops import lazy_attention, mhc_post, mhc_pre
+from .ops import lazy_attention, lazy_attention_with_kvcache, mhc_post, mhc_pre
 
 
 def _no_autocast(x: Tensor):
@@ -106,6 +107,47 @@ class PackedDocuments:
         return cls.from_cu_seqlens(cu, document_ids.numel())
 
 
+class KVCache:
+    """The keys and values of every attention layer of a model, for ``batch`` rows of up to ``capacity`` tokens.
+
+    k, v: [n_layers, batch, n_kv_heads, capacity, head_dim]; seqlens [batch] int32: the tokens each row holds.
+    A forward pass with the cache appends its new tokens to every layer; :meth:`advance` then moves the rows'
+    lengths on (in place, on the device: a CUDA graph replays it). :meth:`rows` views a slice of the rows (a
+    prompt prefilled alone into its row of a batch).
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        if min(n_layers, batch, n_kv_heads, head_dim, capacity) < 1:
+            raise ValueError("KVCache: n_layers, batch, n_kv_heads, head_dim and capacity must all be >= 1")
+        shape = (n_layers, batch, n_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device)
+
+    @classmethod
+    def _view(cls, k: Tensor, v: Tensor, seqlens: Tensor) -> "KVCache":
+        view = cls.__new__(cls)
+        view.k, view.v, view.seqlens = k, v, seqlens
+        return view
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def layer(self, i: int) -> "KVCache":
+        """Layer i's cache (k, v [1, batch, n_kv_heads, capacity, head_dim] views; the shared lengths)."""
+        return self._view(self.k[i:i + 1], self.v[i:i + 1], self.seqlens)
+
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """Rows start .. stop - 1 of every layer, as views into this cache."""
+        return self._view(self.k[:, start:stop], self.v[:, start:stop], self.seqlens[start:stop])
+
+    def advance(self, n: int | Tensor) -> None:
+        """Count ``n`` more tokens in every row (in place)."""
+        self.seqlens += n
+
+
 class LazyAttention(nn.Module):
     """Causal self-attention through :func:`kernel_dispatch.lazy_attention`, or over packed documents
     through ``kernel_dispatch.ops.lazy_attention_varlen``.
@@ -136,7 +178,8 @@ class LazyAttention(nn.Module):
         self.tau = nn.Parameter(torch.full((n_heads,), float(tau_init), dtype=torch.float32))
 
     def forward(self, x: Tensor, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                document_ids: Tensor | None = None, documents: PackedDocuments | None = None) -> Tensor:
+                document_ids: Tensor | None = None, documents: PackedDocuments | None = None,
+                cache: KVCache | None = None) -> Tensor:
         """x [B, L, dim] -> [B, L, dim]; or packed x [T, dim] -> [T, dim] with one of
 
         - ``cu_seqlens`` int32 [N + 1] (and optionally ``max_seqlen``, the longest document),
@@ -145,7 +188,13 @@ class LazyAttention(nn.Module):
 
         In the packed form no token attends to another document, and rotary positions, the bias
         distance and i = m + 1 count from each document's first token.
+
+        With ``cache`` (this layer's :meth:`KVCache.layer`; inference, nothing may require grad), x [B, Lq, dim]
+        holds each row's next Lq tokens, at positions seqlens[b] .. seqlens[b] + Lq - 1: their keys and values are
+        appended to the cache and they attend over everything the row holds (the caller advances the lengths).
         """
+        if cache is not None:
+            return self._cached(x, cache)
         given = [name for name, v in (("cu_seqlens", cu_seqlens), ("document_ids", document_ids),
                                       ("documents", documents)) if v is not None]
         if len(given) > 1:
@@ -165,6 +214,21 @@ class LazyAttention(nn.Module):
         with _no_autocast(x):
             o = lazy_attention(q, k, v, self.bias, self.tau)
         return self.wo(o.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim))
+
+    def _cached(self, x: Tensor, cache: KVCache) -> Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"x: expected [B, Lq, dim] with a cache, got {list(x.shape)}")
+        B, Lq, _ = x.shape
+        q = self.wq(x).view(B, Lq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, Lq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, Lq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        positions = cache.seqlens.long()[:, None] + torch.arange(Lq, device=x.device)  # [B, Lq]
+        cos, sin = (t.view(B, 1, Lq, -1) for t in rotary_at(positions.flatten(), self.head_dim, self.rope_base))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        with _no_autocast(x):
+            o = lazy_attention_with_kvcache(q, cache.k[0], cache.v[0], self.bias, self.tau, cache.seqlens,
+                                            k=k.to(cache.k.dtype), v=v.to(cache.v.dtype))
+        return self.wo(o.transpose(1, 2).reshape(B, Lq, self.n_heads * self.head_dim))
 
     def _packed(self, x: Tensor, cu_seqlens, max_seqlen, document_ids, documents) -> Tensor:
         from .ops.lazy_attention_varlen import lazy_attention_varlen
@@ -298,5 +362,5 @@ def collapse_streams(x: Tensor) -> Tensor:
     return x.mean(dim=-2)
 
 
-__all__ = ["LazyAttention", "PackedDocuments", "RMSNorm", "PreNorm", "SwiGLU", "MHC", "StreamRecompute",
+__all__ = ["LazyAttention", "KVCache", "PackedDocuments", "RMSNorm", "PreNorm", "SwiGLU", "MHC", "StreamRecompute",
            "mhc_bias_init", "expand_streams", "collapse_streams", "rotary_tables", "rotary_at", "apply_rotary"]

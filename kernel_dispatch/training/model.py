@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from .. import registry, which_backend
 from ..mhc_recompute import StreamRecompute, optimal_block
-from ..nn import MHC, LazyAttention, PackedDocuments, PreNorm, RMSNorm, SwiGLU, collapse_streams, expand_streams
+from ..nn import (MHC, KVCache, LazyAttention, PackedDocuments, PreNorm, RMSNorm, SwiGLU, collapse_streams,
+                  expand_streams)
 from ..registry import Resolution
 from .config import ModelConfig
 from .data import PackedTokens
@@ -39,9 +40,12 @@ class DecoderBlock(nn.Module):
         self.mlp = MHC(PreNorm(RMSNorm(cfg.dim), SwiGLU(cfg.dim, mlp_hidden(cfg))), **mhc)
 
     def forward(self, x: Tensor, documents: PackedDocuments | None = None,
-                recompute: StreamRecompute | None = None) -> Tensor:
-        """x [B, L, n, dim] -> [B, L, n, dim], or packed [T, n, dim] with ``documents``."""
+                recompute: StreamRecompute | None = None, cache: KVCache | None = None) -> Tensor:
+        """x [B, L, n, dim] -> [B, L, n, dim], or packed [T, n, dim] with ``documents``; with ``cache`` (this
+        layer's) x holds each row's next tokens (inference)."""
         extra = {} if documents is None else {"documents": documents}
+        if cache is not None:
+            extra["cache"] = cache
         return self.mlp(self.attn(x, recompute=recompute, **extra), recompute=recompute)
 
 
@@ -68,8 +72,23 @@ class LazyLM(nn.Module):
                 out_proj = name.endswith(".wo") or name.endswith(".w2")
                 nn.init.normal_(mod.weight, std=std / math.sqrt(2 * self.cfg.n_layers) if out_proj else std)
 
-    def forward(self, tokens: Tensor | PackedTokens) -> Tensor:
-        """tokens [B, L] int64 -> logits [B, L, vocab_size]; PackedTokens ([T] tokens) -> logits [T, vocab_size]."""
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str | None = None) -> KVCache:
+        """An empty :class:`KVCache` for ``batch`` rows of up to ``capacity`` tokens, in the activation dtype."""
+        cfg = self.cfg
+        device = self.embed.weight.device if device is None else device
+        return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, cfg.dim // cfg.n_heads, capacity, self.act_dtype, device)
+
+    def forward(self, tokens: Tensor | PackedTokens, cache: KVCache | None = None) -> Tensor:
+        """tokens [B, L] int64 -> logits [B, L, vocab_size]; PackedTokens ([T] tokens) -> logits [T, vocab_size].
+
+        With ``cache`` (inference): tokens [B, Lq] are each row's next tokens after the ``cache.seqlens[b]`` it
+        holds; they are appended to the cache, whose lengths the caller then advances (``cache.advance(Lq)``).
+        """
+        if cache is not None:
+            x = expand_streams(self.embed(tokens).to(self.act_dtype), self.cfg.n_streams)
+            for i, block in enumerate(self.blocks):
+                x = block(x, cache=cache.layer(i))
+            return self.head(self.norm(collapse_streams(x)))
         documents = None
         if isinstance(tokens, PackedTokens):
             documents = PackedDocuments.from_cu_seqlens(tokens.cu_seqlens, tokens.tokens.shape[0], tokens.max_seqlen)
