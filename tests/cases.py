@@ -6,7 +6,7 @@ Every case makes fresh random inputs from its seed; the runner calls the public 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,7 +26,7 @@ class AttnCase:
     lengths: tuple[int, ...] | None = None
     noncontig: bool = False
     tau: tuple[float, ...] | None = None  # per head; None: a mix of signs, never exactly -1
-    big: bool = False  # only on a GPU
+    gpu_only: bool = False  # runs on a CUDA device only (realistic sizes, the small cases at kernel head dims)
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,10 @@ class MHCCase:
     D: int = 16
     gamma: bool = True
     noncontig: bool = False
-    big: bool = False
+    gpu_only: bool = False  # runs on a CUDA device only (realistic sizes, the feature sizes SPEC names)
 
 
-ATTN_CASES = [
+_SMALL_ATTN_CASES = [
     AttnCase("multihead"),
     AttnCase("len_not_block_multiple", L=37, W=5),
     AttnCase("len1_w_gt_l", L=1, W=4),
@@ -56,10 +56,26 @@ ATTN_CASES = [
     AttnCase("tau_below_minus1", tau=(-1.5, -3.0, -1.2), L=24),
     # tau = -1 exactly (the usual initial value): rows with one visible key sit on the relu kink
     AttnCase("tau_minus1_one_key_rows", B=3, H=2, Hkv=1, L=24, D=64, tau=(-1.0, -1.0), lengths=(24, 1, 9)),
-    AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, big=True),
-    AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), big=True),
+]
+# On a GPU the small cases run again at the head dims the kernel backends ship: TileLang runs no other, and
+# Triton's CUDA tile configs depend on the head dim.
+KERNEL_HEAD_DIMS = (64, 128)
+ATTN_CASES = _SMALL_ATTN_CASES + [
+    replace(c, name=f"{c.name}_d{D}", D=D, gpu_only=True)
+    for c in _SMALL_ATTN_CASES for D in KERNEL_HEAD_DIMS if D != c.D
+] + [
+    AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, gpu_only=True),
+    AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), gpu_only=True),
+    AttnCase("realistic_noncausal_lengths", B=2, H=16, Hkv=16, L=2048, D=128, W=512, causal=False,
+             lengths=(2048, 1501), gpu_only=True),
+    AttnCase("realistic_noncontig", B=1, H=16, Hkv=16, L=2048, D=128, W=512, noncontig=True, gpu_only=True),
+    AttnCase("realistic_tau_positive", B=1, H=16, Hkv=16, L=2048, D=64, W=512, tau=(0.3, 0.05, 1.0, 0.5) * 4,
+             gpu_only=True),
+    AttnCase("realistic_tau_below_minus1", B=1, H=16, Hkv=16, L=2048, D=128, W=512,
+             tau=(-1.5, -3.0, -1.2, -1.0) * 4, gpu_only=True),
+    AttnCase("realistic_w_gt_l", B=2, H=16, Hkv=16, L=1024, D=128, W=1536, gpu_only=True),
     # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
-    AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, big=True),
+    AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, gpu_only=True),
 ]
 
 MHC_CASES = [
@@ -70,10 +86,23 @@ MHC_CASES = [
     MHCCase("wide", lead=(5,), D=520),
     MHCCase("two_streams", lead=(9,), n=2, D=40),
     MHCCase("noncontig", lead=(6,), D=32, noncontig=True),
-    MHCCase("realistic", lead=(16384,), D=4096, big=True),
+    # the feature sizes SPEC names for the kernels (n = 4, D in {1280, 2560, 4096, 7168})
+    MHCCase("d1280", lead=(96,), D=1280, gpu_only=True),
+    MHCCase("d2560", lead=(64,), D=2560, gpu_only=True),
+    MHCCase("d7168", lead=(40,), D=7168, gpu_only=True),
+    MHCCase("d7168_noncontig_no_gamma", lead=(33,), D=7168, gamma=False, noncontig=True, gpu_only=True),
+    MHCCase("realistic", lead=(16384,), D=4096, gpu_only=True),
 ]
 
 CASES = {"lazy_attention": ATTN_CASES, "mhc_pre": MHC_CASES, "mhc_post": MHC_CASES}
+
+
+def meta(op: str, case, dtype: torch.dtype, device: str) -> dict:
+    """What the registry needs to decide whether a backend runs ``case`` of ``op`` (registry.why_not)."""
+    if op == "lazy_attention":
+        return {"device": device, "dtype": dtype, "head_dim": case.D, "gqa": case.H != case.Hkv,
+                "lengths": case.lengths is not None, "causal": case.causal, "bias_length": case.W}
+    return {"device": device, "dtype": dtype, "n": case.n, "D": case.D}
 OUTPUT_NAMES = {"lazy_attention": ("o",), "mhc_pre": ("h_in", "h_post", "h_res"), "mhc_post": ("out",)}
 
 
@@ -204,6 +233,15 @@ def upcast(inp: Inputs) -> Inputs:
     """The same values in float64 (the golden reference's inputs)."""
     t = {k: v.detach().double() for k, v in inp.tensors.items()}
     return Inputs(t, inp.kwargs, tuple(gr.double() for gr in inp.grads))
+
+
+def poison_cuda_cache(nbytes: int = 1 << 30) -> None:
+    """Leave 0xFF bytes (NaN in every float dtype) in the free blocks of torch's CUDA caching allocator, one
+    large block and many small ones, so an output element a kernel never writes reads back as NaN whenever
+    its buffer comes from those blocks."""
+    big = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device="cuda")
+    small = [torch.full((1 << 19,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(64)]
+    del big, small
 
 
 def run(op: str, inp: Inputs, backend, backward: bool = True) -> dict[str, torch.Tensor]:

@@ -3,7 +3,8 @@
 Generated from the registry: every registered backend of every operator appears; a case the
 backend cannot run here is skipped with the registry's reasons. Gradients of per-head tensors
 (dq, dk, dv) are checked head by head, so a kernel right for head 0 only fails.
-Large ("big") shapes run only on a CUDA device.
+GPU-only cases (realistic sizes, the kernels' head dims and feature sizes) are marked ``gpu``.
+Parameters run case by case, so each golden float64 reference is computed once for every backend.
 """
 from __future__ import annotations
 
@@ -14,19 +15,12 @@ import torch
 
 from kernel_dispatch import BACKEND_NAMES, OPERATORS, registry
 
-from .cases import CASES, Inputs, make_inputs, run, upcast
+from .cases import CASES, Inputs, make_inputs, meta, run, upcast
 from .tolerances import rel_err, tolerance
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PER_HEAD = {"dq", "dk", "dv", "o"}
-
-
-def _meta(op, case, dtype):
-    if op == "lazy_attention":
-        return {"device": DEVICE, "dtype": dtype, "head_dim": case.D, "gqa": case.H != case.Hkv,
-                "lengths": case.lengths is not None, "causal": case.causal, "bias_length": case.W}
-    return {"device": DEVICE, "dtype": dtype, "n": case.n, "D": case.D}
 
 
 @functools.lru_cache(maxsize=8)
@@ -43,19 +37,18 @@ def _result(op: str, backend: str, case, dtype: torch.dtype):
 
 def _params():
     for op in OPERATORS:
-        for backend in BACKEND_NAMES:
-            for case in CASES[op]:
-                for dtype in DTYPES:
+        for case in CASES[op]:
+            marks = (pytest.mark.gpu,) if case.gpu_only else ()
+            for dtype in DTYPES:
+                for backend in BACKEND_NAMES:
                     for direction in ("forward", "backward"):
-                        yield pytest.param(op, backend, case, dtype, direction,
+                        yield pytest.param(op, backend, case, dtype, direction, marks=marks,
                                            id=f"{op}-{backend}-{case.name}-{str(dtype)[6:]}-{direction}")
 
 
 @pytest.mark.parametrize("op,backend,case,dtype,direction", list(_params()))
 def test_matches_golden_float64(op, backend, case, dtype, direction):
-    if case.big and DEVICE != "cuda":
-        pytest.skip("realistic size: runs on a CUDA device only")
-    reasons = registry.why_not(op, backend, _meta(op, case, dtype))
+    reasons = registry.why_not(op, backend, meta(op, case, dtype, DEVICE))
     if reasons:
         pytest.skip(f"{backend}: " + "; ".join(reasons))
     _, ref = _reference(op, case, dtype)
@@ -90,7 +83,7 @@ def test_one_key_rows_at_tau_minus1_are_exactly_zero(backend, dtype):
     row is exactly zero (SPEC: with tau <= -1 the first causal row is all zero); an ulp of rounding in
     the recomputed P must not leak through the relu (nor into dtau, checked by the matrix)."""
     case = ONE_KEY_CASE
-    reasons = registry.why_not("lazy_attention", backend, _meta("lazy_attention", case, dtype))
+    reasons = registry.why_not("lazy_attention", backend, meta("lazy_attention", case, dtype, DEVICE))
     if reasons:
         pytest.skip(f"{backend}: " + "; ".join(reasons))
     o = _result("lazy_attention", backend, case, dtype)["o"]
