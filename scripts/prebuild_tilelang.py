@@ -2,7 +2,7 @@
 sm_90a (H100, H200), and pack them into one tarball for the GPU machine.
 
     python scripts/prebuild_tilelang.py                      # .devcache/tilelang-cache.tar.xz
-    python scripts/prebuild_tilelang.py --list               # what it would build
+    python scripts/prebuild_tilelang.py --list               # what it would build (--ops to narrow it)
     python -m kernel_dispatch.testing.tilelang_cache unpack  # on the GPU machine, with .devcache carried there
 
 Needs the package importable (``make install``, or ``PYTHONPATH=.`` from the repository root) and a CUDA compiler
@@ -86,12 +86,14 @@ def ceiling_jobs() -> list[KernelJob]:
     return [KernelJob(f"ceiling {name}", str(CEILING_TOOL), "build_variant", (name,)) for name in tool.VARIANTS]
 
 
-def all_jobs(sms: int = SMS, ceiling: bool = False) -> list[KernelJob]:
-    """Every job, each kernel once (kernels that do not depend on the dtype are shared)."""
+def all_jobs(sms: int = SMS, ceiling: bool = False, ops: tuple[str, ...] | None = None) -> list[KernelJob]:
+    """Every job of ``ops`` (default: all), each kernel once (kernels that do not depend on the dtype are shared)."""
     makers = {"lazy_attention": attention_jobs, "mhc_pre": lambda D, dt: mhc_pre_jobs(D, dt, sms),
               "mhc_post": mhc_post_jobs}
     jobs: dict[tuple, KernelJob] = {}
     for op, classes in shape_classes().items():
+        if ops is not None and op not in ops:
+            continue
         for cls in classes:
             for job in makers[op](*cls):
                 jobs.setdefault((job.module, job.factory, job.args), job)
@@ -107,10 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tar", type=Path, default=DEFAULT_TAR, help="tarball to write (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="compiling processes (default: cores)")
     ap.add_argument("--sms", type=int, default=SMS, help="SM count of the GPU (default: %(default)s)")
+    ap.add_argument("--ops", help="comma list of operators to build (default: lazy_attention,mhc_pre,mhc_post)")
     ap.add_argument("--ceiling", action="store_true", help="also the kernels of gpu_ceiling_tilelang_attention.py")
     ap.add_argument("--list", action="store_true", help="print the kernels and exit")
     args = ap.parse_args(argv)
-    jobs = all_jobs(args.sms, args.ceiling)
+    ops = None
+    if args.ops:
+        ops = tuple(args.ops.split(","))
+        unknown = set(ops) - set(shape_classes())
+        if unknown:
+            ap.error(f"--ops: unknown operators {sorted(unknown)}; valid: {', '.join(shape_classes())}")
+    jobs = all_jobs(args.sms, args.ceiling, ops)
     if args.list:
         for job in jobs:
             print(job.label)
