@@ -53,7 +53,7 @@ def _runnable(op, inp):
 
 def _first_small_case(op):
     """The operator's first declared case that runs on the CPU (a GPU-sized one does not)."""
-    return next(c for c in declaration.operator(op).cases if not c.big)
+    return next(c for c in declaration.operator(op).cases if not c.gpu_only)
 
 
 DIFFERENTIABLE = [op for op in declaration.operators() if declaration.operator(op).gradients]
