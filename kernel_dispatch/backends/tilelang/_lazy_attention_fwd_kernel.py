@@ -67,7 +67,8 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
             fill_table(table, Bias, by)
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
             for i in T.Parallel(BM):
-                lse2[i] = lse2[i] * LOG2E
+                # rows past L (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
+                lse2[i] = T.if_then_else(m0 + i < L, lse2[i] * LOG2E, T.infinity(f32))
                 thr[i] = tau / T.Cast(f32, (m0 + i + 1) if causal else lb)
             T.clear(acc_o)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):

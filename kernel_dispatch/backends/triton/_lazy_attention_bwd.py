@@ -204,7 +204,8 @@ def lazy_attention_bwd_dq_kernel(
     if INTERPRETED:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+    # rows past L get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
+    lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     bias_row = Bias + h * stride_bh
@@ -275,7 +276,7 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
         if INTERPRETED:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634  # as in dq
         delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
         if CAUSAL:
             taui = tau / (offs_m + 1).to(tl.float32)
