@@ -1,8 +1,10 @@
 """The Triton lazy attention kernels with extreme and non-finite inputs, against golden (interpreter on the CPU).
 
 - A large bias (exp2 of it overflows fp32 on its own) at a distance >= 1 with L not a multiple of the tile: the
-  tile's rows past L must not form the exponential of their unloaded LSE (0 * inf would give NaN in dK, dV and
-  dbias).
+  tile's rows past L must not form the exponential of their unloaded LSE (they did, and 0 * inf gave NaN in dK,
+  dV and dbias).
+- A NaN in q, k, v, bias or tau: the outputs are NaN exactly where golden's are (a NaN score poisons its row; the
+  relu must keep NaN, not turn it into 0).
 """
 from __future__ import annotations
 
@@ -46,3 +48,37 @@ def test_large_bias_past_the_last_row(L, causal):
         assert torch.isfinite(got[name]).all(), f"{name}: not finite"
         err, tol = rel_err(got[name], ref[name]), tolerance("lazy_attention", torch.float32, name)
         assert err <= tol, f"{name}: rel err {err:.3e} > tol {tol:.3e}"
+
+
+# (input, index of the element made NaN)
+NAN_AT = [("q", (0, 0, 3, 1)), ("k", (0, 1, 2, 0)), ("v", (0, 0, 4, 5)), ("bias", (1, 1)), ("tau", (0,))]
+
+
+def _with_nan(name: str, index: tuple) -> dict:
+    t = _inputs(L=7, H=2, W=3, seed=1)
+    t[name][index] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize("name,index", NAN_AT, ids=[n for n, _ in NAN_AT])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_nan_in_forward_where_golden(name, index, causal):
+    t = _with_nan(name, index)
+    got, ref = _run(tk, t, causal)["o"], _golden(t, causal)["o"]
+    assert torch.isnan(ref).any(), "the case must make golden's output NaN somewhere"
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), (
+        f"o: NaN at {torch.isnan(got).nonzero().tolist()}, golden at {torch.isnan(ref).nonzero().tolist()}")
+    finite = ~torch.isnan(ref)
+    assert rel_err(got[finite], ref[finite]) <= tolerance("lazy_attention", torch.float32, "o")
+
+
+@pytest.mark.parametrize("name,index", NAN_AT, ids=[n for n, _ in NAN_AT])
+def test_nan_in_backward_where_golden(name, index):
+    """Without a causal mask every key is visited by every row, so the NaN positions of golden's dense backward are
+    the kernels' too."""
+    t = _with_nan(name, index)
+    got, ref = _run(tk, t, False), _golden(t, False)
+    for out in NAMES[1:]:
+        assert torch.equal(torch.isnan(got[out]), torch.isnan(ref[out])), (
+            f"{out}: NaN at {torch.isnan(got[out]).nonzero().tolist()}, "
+            f"golden at {torch.isnan(ref[out]).nonzero().tolist()}")

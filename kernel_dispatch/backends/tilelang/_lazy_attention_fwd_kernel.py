@@ -88,7 +88,10 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                                                       T.float32(0))
                 T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):
-                acc_o[i, j] = T.if_then_else(m0 + i < lb, acc_o[i, j], T.float32(0))
+                # T.max above drops NaN; a row whose LSE or tau/i is NaN (a NaN score, bias or tau) is NaN, as
+                # golden's relu makes it
+                nan = lse2[i] + thr[i]
+                acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
             # Q is no longer read: its tile stages O for one TMA store
             T.copy(acc_o, Q_s)
             T.copy(Q_s, O[bz, by, m0:m0 + BM, :])
