@@ -1,0 +1,154 @@
+"""Lazy attention over a KV cache in Triton (SPEC section 5): the launcher of ``_lazy_attention_kvcache``.
+
+Same ``forward`` as kernel_dispatch/golden/lazy_attention_with_kvcache.py: q [B, H, Lq, D]; k_cache, v_cache
+[B, Hkv, S, D] (fp16, bf16 or fp32, any strides); bias [H, W] fp32; tau [H] fp32; seqlens_k [B] int32 on q's
+device (n_b, the new keys included); head dims 16, 32, 64, 128. The launcher never reads seqlens_k on the host:
+the grid and every buffer depend on the shapes only, so a decode step can be captured in a CUDA graph.
+
+Split count (:func:`num_splits`): enough programs for ``ctas_per_sm`` per SM, at most one split per ``min_keys``
+keys of the cache's capacity S. Scores are kept between the passes (``keep_scores``) when writing and reading
+them back, R fp32 per key, costs less than reading the key again (D values of q's dtype).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ._lazy_attention_fwd import LOG2E, bias_table
+from ._lazy_attention_kvcache import kvcache_lse_kernel, kvcache_out_kernel, kvcache_reduce_kernel
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class KVCacheTiles:
+    """The launch configuration of the two key passes: BLOCK_N keys per step, ``block_m`` rows of the
+    (query head, query) tile at most (fewer when R, rounded up to a power of two, is smaller; 16 at least)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """How many splits the keys of one batch row get: programs for ``ctas_per_sm`` per SM in all, and no split
+    shorter than ``min_keys`` keys of the capacity S (a multiple of the tiles' BLOCK_N)."""
+    ctas_per_sm: int
+    min_keys: int
+
+
+# Memory-bound: 16-byte loads of K and V tiles, a cp.async pipeline of num_stages tiles, small fp32 score tiles.
+TILES = {"half": KVCacheTiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
+         "fp32": KVCacheTiles(block_m=32, block_n=32, num_warps=4, num_stages=2)}
+INTERPRET_TILES = KVCacheTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
+POLICY = SplitPolicy(ctas_per_sm=4, min_keys=128)
+INTERPRET_POLICY = SplitPolicy(ctas_per_sm=1, min_keys=16)
+INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
+REDUCE_BLOCK_M = 16
+
+
+def tiles_for(dtype: torch.dtype, rows: int) -> KVCacheTiles:
+    """The tiles for ``rows`` = R = (H / Hkv) * Lq tile rows of one kv head (block_m cut down to fit R)."""
+    base = INTERPRET_TILES if INTERPRET else TILES["fp32" if dtype == torch.float32 else "half"]
+    bm = max(16, min(base.block_m, triton.next_power_of_2(rows)))
+    return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The SMs of ``device`` (INTERPRET_SMS on the CPU)."""
+    if device.type != "cuda":
+        return INTERPRET_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def num_splits(programs: int, capacity: int, sms: int, policy: SplitPolicy) -> int:
+    """Splits of each batch row's keys for ``programs`` = B * Hkv * row blocks (a function of shapes only)."""
+    want = max(1, policy.ctas_per_sm * sms // max(programs, 1))
+    return max(1, min(want, triton.cdiv(capacity, policy.min_keys)))
+
+
+def keep_scores(rows: int, head_dim: int, elem_bytes: int) -> bool:
+    """Whether pass 2 reads pass 1's fp32 scores (written, then read: 8 * R bytes per key) rather than K again
+    (head_dim * elem_bytes per key)."""
+    return 8 * rows < head_dim * elem_bytes
+
+
+def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q: triton lazy attention with a KV cache supports fp16, bf16 and fp32, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache, v_cache: expected q's dtype {q.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {q.shape[-1]} not in {HEAD_DIMS}")
+    if q.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"q: triton kernels need a CUDA tensor (or TRITON_INTERPRET=1), got device {q.device}")
+    B, H, _, D = q.shape
+    Hkv = k_cache.shape[1]
+    if k_cache.dim() != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D or H % Hkv or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache, v_cache: expected [B, Hkv, S, D] with H % Hkv == 0, got "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if bias.dim() != 2 or bias.shape[0] != H:
+        raise ValueError(f"bias: expected [H, W] = [{H}, W], got {tuple(bias.shape)}")
+    if tau.shape != (H,):
+        raise ValueError(f"tau: expected [H] = [{H}], got {tuple(tau.shape)}")
+    if seqlens_k.shape != (B,) or seqlens_k.dtype != torch.int32:
+        raise ValueError(f"seqlens_k: expected int32 [B] = [{B}], got {seqlens_k.dtype} {tuple(seqlens_k.shape)}")
+
+
+def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
+            keep: bool | None = None):
+    """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
+
+    ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path).
+    """
+    _check(q, k_cache, v_cache, bias, tau, seqlens_k)
+    B, H, Lq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    G = H // Hkv
+    R = G * Lq
+    dev = q.device
+    tiles = tiles_for(q.dtype, R)
+    m_blocks = triton.cdiv(R, tiles.block_m)
+    policy = INTERPRET_POLICY if INTERPRET else POLICY
+    ns = splits if splits is not None else num_splits(B * Hkv * m_blocks, S, sm_count(dev), policy)
+    keep = keep_scores(R, D, q.element_size()) if keep is None else keep
+    btab = bias_table(bias)
+    tau32 = tau.to(torch.float32).contiguous()
+    seqlens = seqlens_k.contiguous()
+    o = torch.empty(B, H, Lq, D, dtype=q.dtype, device=dev)
+    sp = triton.cdiv(S, 16) * 16  # score rows start 64-byte aligned
+    scores = torch.empty(B * Hkv, R, sp if keep else 1, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(ns, B * Hkv, R, dtype=torch.float32, device=dev)
+    o_part = torch.empty(ns if ns > 1 else 1, B * Hkv, R, D if ns > 1 else 1, dtype=torch.float32, device=dev)
+    W = bias.shape[1]
+    qk_scale = float(scale) * LOG2E
+    flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
+                 PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
+                 num_stages=tiles.num_stages)
+    grid = (ns, B * Hkv, m_blocks)
+    shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
+    kvcache_lse_kernel[grid](q, k_cache, btab, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
+                             btab.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
+                             lse_part.stride(1), *shape_args, **flags)
+    kvcache_out_kernel[grid](q, k_cache, v_cache, btab, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
+                             *k_cache.stride(), *v_cache.stride(), *o.stride(), btab.stride(0), scores.stride(0),
+                             scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
+                             *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
+    if ns > 1:
+        bm = min(REDUCE_BLOCK_M, triton.next_power_of_2(R))
+        kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm))](
+            o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
+            BLOCK_N=tiles.block_n, num_warps=4 if not INTERPRET else 1)
+    return o
