@@ -121,18 +121,18 @@ def kvcache_lse_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
     for start in range(lo, free_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
+        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
         s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, False, HEAD_DIM,
                         UPCAST, PREC)
         if KEEP:
             tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
         m_i, l_i = _online(m_i, l_i, s)
     for start in range(free_end, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
+        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
         s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, True, HEAD_DIM,
                         UPCAST, PREC)
-        if KEEP:
-            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None] & (offs_n[None, :] < hi))
+        if KEEP:  # a tile past hi ends past n_b (split boundaries are whole tiles): no other split's keys
+            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
         m_i, l_i = _online(m_i, l_i, s)
     lse2 = m_i + tl.math.log2(l_i)
     tl.store(LSE_PART + split * stride_lp_s + bk * stride_lp_bk + offs_r, lse2, mask=row_ok & (offs_r * 0 + lo < hi))
@@ -155,12 +155,9 @@ def _out_tiles(acc, q, k_base, v_base, sc_rows, stride_kn, stride_kd, stride_vn,
     """acc += relu(exp2(S - LSE2) + tau / i) @ V over key blocks [lo, hi) (BAND: re-masked, see the module doc)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        if KEEP:
-            if BAND:
-                s = tl.load(sc_rows + offs_n[None, :], mask=offs_n[None, :] < hi, other=float("-inf"))
-            else:
-                s = tl.load(sc_rows + offs_n[None, :])
+        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
+        if KEEP:  # pass 1 stored whole tiles
+            s = tl.load(sc_rows + offs_n[None, :])
         else:
             s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, BAND, HEAD_DIM,
                             UPCAST, PREC)
