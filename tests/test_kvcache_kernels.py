@@ -229,12 +229,14 @@ def test_nan_score_poisons_its_rows(backend):
 
 
 def test_split_count_fills_the_gpu_from_shapes():
-    """The Triton split count: enough programs for the policy's CTAs per SM, at most one split per min_keys keys
-    of the capacity, one split when the batch alone fills the GPU."""
-    from kernel_dispatch.backends.triton.lazy_attention_with_kvcache import POLICY, num_splits
+    """The split count: enough programs for the policy's CTAs per SM, at most one split per min_keys keys of the
+    capacity, one split when the batch alone fills the GPU (H100: 132 SMs; the Triton launcher's policy)."""
+    from kernel_dispatch.backends.kvcache_splits import SplitPolicy, keep_scores, num_splits
 
+    POLICY = SplitPolicy(ctas_per_sm=4, min_keys=128)
     sms = 132
     assert num_splits(8, 128 * 1024, sms, POLICY) * 8 >= POLICY.ctas_per_sm * sms - 8
     assert num_splits(8, 1024, sms, POLICY) == 1024 // POLICY.min_keys
     assert num_splits(64 * 8, 4096, sms, POLICY) == 1
     assert num_splits(16 * 8, 32 * 1024, sms, POLICY) == POLICY.ctas_per_sm * sms // 128
+    assert keep_scores(4, 128, 2) and not keep_scores(256, 128, 2)  # decode keeps its scores, Lq = 64 re-reads K

@@ -17,7 +17,7 @@ Three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
   output is a plain sum over keys (no renormalisation), so the partials need no rescaling.
 
 A split's leading key blocks that every row of the tile sees at distance >= W (``_free_end``) skip the bias and
-the masks; the rest gather the bias from the launcher's table (``bias_table``: [H, W + 2], log2(e) * bias).
+the masks; the rest gather the bias of each score from Bias [H, W] fp32 (contiguous rows) at a clamped distance.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 
 from ._lazy_attention_fwd import _gather
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -69,7 +71,7 @@ def _load_q(Q, b, h, j, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM: tl
 def _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, BAND: tl.constexpr,
                 HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     """Log2-domain scores [BLOCK_M, BLOCK_N] of keys ``offs_n``; BAND: with the bias of distance pos - n < W
-    (``brow``: the rows' bias-table pointers) and -inf where n > pos or n >= hi."""
+    (``brow``: the rows' bias pointers) and -inf where n > pos or n >= hi."""
     offs_d = tl.arange(0, HEAD_DIM)
     kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
     if BAND:
@@ -81,7 +83,8 @@ def _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_sc
     s = tl.dot(q, kt, input_precision=PREC) * qk_scale
     if BAND:
         d = pos[:, None] - offs_n[None, :]
-        s = s + _gather(brow[:, None] + (tl.minimum(tl.maximum(d, -1), W) + 1))
+        b = _gather(brow[:, None] + tl.minimum(tl.maximum(d, 0), W - 1))
+        s = s + tl.where(d < W, b * LOG2E, 0.0)
         s = tl.where((d >= 0) & (offs_n[None, :] < hi), s, float("-inf"))
     return s
 
@@ -97,7 +100,7 @@ def _online(m_i, l_i, s):
 
 @triton.jit
 def kvcache_lse_kernel(
-        Q, K, Btab, Seqlens, SCORES, LSE_PART,
+        Q, K, Bias, Seqlens, SCORES, LSE_PART,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk,
@@ -115,7 +118,7 @@ def kvcache_lse_kernel(
     row_ok = offs_r < R
     q = _load_q(Q, b, h, j, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM, UPCAST)
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
-    brow = Btab + h * stride_bh
+    brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -181,7 +184,7 @@ def _out_tiles(acc, q, k_base, v_base, sc_rows, stride_kn, stride_kd, stride_vn,
 
 @triton.jit
 def kvcache_out_kernel(
-        Q, K, V, Btab, Tau, Seqlens, SCORES, LSE_PART, O, O_PART,
+        Q, K, V, Bias, Tau, Seqlens, SCORES, LSE_PART, O, O_PART,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -208,7 +211,7 @@ def kvcache_out_kernel(
         q = _load_q(Q, b, h, j, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM, UPCAST)
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
-    brow = Btab + h * stride_bh
+    brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
     free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)

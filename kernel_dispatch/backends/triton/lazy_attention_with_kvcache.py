@@ -5,20 +5,18 @@ Same ``forward`` as kernel_dispatch/golden/lazy_attention_with_kvcache.py: q [B,
 device (n_b, the new keys included); head dims 16, 32, 64, 128. The launcher never reads seqlens_k on the host:
 the grid and every buffer depend on the shapes only, so a decode step can be captured in a CUDA graph.
 
-Split count (:func:`num_splits`): enough programs for ``ctas_per_sm`` per SM, at most one split per ``min_keys``
-keys of the cache's capacity S. Scores are kept between the passes (``keep_scores``) when writing and reading
-them back, R fp32 per key, costs less than reading the key again (D values of q's dtype).
+Split count and whether the scores are kept between the passes: ``kernel_dispatch.backends.kvcache_splits``.
 """
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
-from ._lazy_attention_fwd import LOG2E, bias_table
+from ..kvcache_splits import SplitPolicy, keep_scores, num_splits, sm_count
+from ._lazy_attention_fwd import LOG2E
 from ._lazy_attention_kvcache import kvcache_lse_kernel, kvcache_out_kernel, kvcache_reduce_kernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -36,14 +34,6 @@ class KVCacheTiles:
     num_stages: int
 
 
-@dataclass(frozen=True)
-class SplitPolicy:
-    """How many splits the keys of one batch row get: programs for ``ctas_per_sm`` per SM in all, and no split
-    shorter than ``min_keys`` keys of the capacity S (a multiple of the tiles' BLOCK_N)."""
-    ctas_per_sm: int
-    min_keys: int
-
-
 # Memory-bound: 16-byte loads of K and V tiles, a cp.async pipeline of num_stages tiles, small fp32 score tiles.
 TILES = {"half": KVCacheTiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
          "fp32": KVCacheTiles(block_m=32, block_n=32, num_warps=4, num_stages=2)}
@@ -59,30 +49,6 @@ def tiles_for(dtype: torch.dtype, rows: int) -> KVCacheTiles:
     base = INTERPRET_TILES if INTERPRET else TILES["fp32" if dtype == torch.float32 else "half"]
     bm = max(16, min(base.block_m, triton.next_power_of_2(rows)))
     return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """The SMs of ``device`` (INTERPRET_SMS on the CPU)."""
-    if device.type != "cuda":
-        return INTERPRET_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def num_splits(programs: int, capacity: int, sms: int, policy: SplitPolicy) -> int:
-    """Splits of each batch row's keys for ``programs`` = B * Hkv * row blocks (a function of shapes only)."""
-    want = max(1, policy.ctas_per_sm * sms // max(programs, 1))
-    return max(1, min(want, triton.cdiv(capacity, policy.min_keys)))
-
-
-def keep_scores(rows: int, head_dim: int, elem_bytes: int) -> bool:
-    """Whether pass 2 reads pass 1's fp32 scores (written, then read: 8 * R bytes per key) rather than K again
-    (head_dim * elem_bytes per key)."""
-    return 8 * rows < head_dim * elem_bytes
 
 
 def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
@@ -122,9 +88,9 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     tiles = tiles_for(q.dtype, R)
     m_blocks = triton.cdiv(R, tiles.block_m)
     policy = INTERPRET_POLICY if INTERPRET else POLICY
-    ns = splits if splits is not None else num_splits(B * Hkv * m_blocks, S, sm_count(dev), policy)
+    ns = splits if splits is not None else num_splits(B * Hkv * m_blocks, S, sm_count(dev, INTERPRET_SMS), policy)
     keep = keep_scores(R, D, q.element_size()) if keep is None else keep
-    btab = bias_table(bias)
+    bias32 = bias.to(torch.float32).contiguous()
     tau32 = tau.to(torch.float32).contiguous()
     seqlens = seqlens_k.contiguous()
     o = torch.empty(B, H, Lq, D, dtype=q.dtype, device=dev)
@@ -139,11 +105,11 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
                  num_stages=tiles.num_stages)
     grid = (ns, B * Hkv, m_blocks)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
-    kvcache_lse_kernel[grid](q, k_cache, btab, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
-                             btab.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
+    kvcache_lse_kernel[grid](q, k_cache, bias32, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
+                             bias32.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
                              lse_part.stride(1), *shape_args, **flags)
-    kvcache_out_kernel[grid](q, k_cache, v_cache, btab, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
-                             *k_cache.stride(), *v_cache.stride(), *o.stride(), btab.stride(0), scores.stride(0),
+    kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
+                             *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
                              scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
                              *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
     if ns > 1:
@@ -156,7 +122,7 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
 
 _TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _KERNELS = {"lse": kvcache_lse_kernel, "out": kvcache_out_kernel, "reduce": kvcache_reduce_kernel}
-_FP32_POINTERS = ("Btab", "Tau", "SCORES", "LSE_PART", "O_PART")
+_FP32_POINTERS = ("Bias", "Tau", "SCORES", "LSE_PART", "O_PART")
 
 
 def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
