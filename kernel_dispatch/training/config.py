@@ -159,15 +159,18 @@ def _scalar_fields(cls, prefix: str = "") -> list[tuple[str, type]]:
 def _check_types(data: dict) -> None:
     """Reject values of a raw config mapping that the dataclass conversion would silently change.
 
-    An integer key given a fractional number (``--model.dim=64.7``) or a boolean, a number key
-    given a boolean, and any scalar key given a list or mapping are errors naming the key.
+    A key given no value (``--data.path=``), an integer key given a fractional number
+    (``--model.dim=64.7``), a number key given a boolean, and any key given a list or mapping are
+    errors naming the key.
     """
     for key, ftype in _scalar_fields(RunConfig):
         node = data
         for part in key.split("."):
             node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is _MISSING or node is None:
+        if node is _MISSING:
             continue
+        if node is None:
+            raise ConfigError(f"{key}: expected {_TYPE_NAMES[ftype]}, got no value")
         if isinstance(node, (list, dict)):
             raise ConfigError(f"{key}: expected a single value, got {node!r}")
         if ftype in (int, float) and isinstance(node, bool):
@@ -177,6 +180,7 @@ def _check_types(data: dict) -> None:
 
 
 _MISSING = object()
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 def _get(cfg: RunConfig, dotted: str):
