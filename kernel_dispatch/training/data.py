@@ -35,7 +35,12 @@ class ByteCorpus:
             path = _REPO / path  # a relative path names a file of this repository when not found here
         if not path.is_file():
             raise ConfigError(f"data.path: no such file {str(path)!r}")
-        raw = path.read_bytes()
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"data.path: cannot read {str(path)!r}: {e.strerror or e}") from None
+        if not raw:
+            raise ConfigError(f"data.path: {str(path)!r} is empty")
         data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         split = int(len(data) * (1.0 - val_fraction))
         self.train, self.val = data[:split], data[split:]
@@ -63,6 +68,12 @@ class ShardedSampler:
         self.seed, self.rank, self.world = seed, rank, world
         self.epoch, self.index = 0, 0
         self._order: Tensor | None = None
+        # An epoch's grid starts at a random offset below seq_len; the largest offset leaves the fewest
+        # windows, and rank world - 1 gets the fewest of them.
+        fewest = len(range(seq_len - 1, len(data) - seq_len, seq_len)) // world
+        if fewest < batch_size:
+            raise ConfigError(f"train.batch_size: expected at most {fewest}, the windows of data.seq_len = {seq_len} "
+                              f"bytes in one rank's shard of the {len(data):,} training bytes, got {batch_size}")
 
     def _shard(self) -> Tensor:
         if self._order is None:
@@ -70,9 +81,6 @@ class ShardedSampler:
             offset = int(torch.randint(0, self.seq_len, (1,), generator=g))
             starts = torch.arange(offset, len(self.data) - self.seq_len, self.seq_len)
             self._order = starts[torch.randperm(len(starts), generator=g)][self.rank::self.world]
-            if len(self._order) < self.batch_size:
-                raise ConfigError(f"train.batch_size: {self.batch_size} exceeds the {len(self._order)} windows "
-                                  f"of one rank's shard")
         return self._order
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
