@@ -66,6 +66,22 @@ def mhc_post_jobs(D: int, dtype: torch.dtype) -> list[KernelJob]:
             for stage, (f, a) in zip(("fwd", "bwd"), mhc_post.kernel_specs(D, dtype))]
 
 
+def kvcache_jobs(D: int, dtype: torch.dtype) -> list[KernelJob]:
+    """The three KV-cache kernels at head dim D: every tile height (16, 32, 64 rows of query heads x queries) and
+    flag the launcher picks (scores kept or not; one split writing O directly or partials)."""
+    from kernel_dispatch.backends.tilelang import lazy_attention_with_kvcache as kv
+
+    dt = kv.DTYPES[dtype]
+    jobs = []
+    for rows in (16, 32, 64):
+        tiles = kv.tiles_for(D, rows)
+        flags = [("lse", (keep,)) for keep in (True, False)] + [
+            ("out", (keep, direct)) for keep in (True, False) for direct in (True, False)] + [("reduce", ())]
+        jobs += [_job(f"kvcache {name} {flag} d{D} {dt} m{tiles.block_m}", kv.prim_func, (name, D, dt, flag, tiles))
+                 for name, flag in flags]
+    return jobs
+
+
 def shape_classes() -> dict[str, list[tuple]]:
     """{operator: [shape class]}: (head_dim, dtype, causal) for lazy_attention, (D, dtype) for mHC."""
     mhc_d = sorted(set(MHC_TEST_D) | set(mhc_bench.DEFAULT["D"]))
@@ -73,6 +89,7 @@ def shape_classes() -> dict[str, list[tuple]]:
         "lazy_attention": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in DTYPES for c in (True, False)],
         "mhc_pre": [(D, dt) for D in mhc_d for dt in DTYPES],
         "mhc_post": [(D, dt) for D in mhc_d for dt in DTYPES],
+        "lazy_attention_with_kvcache": [(D, dt) for D in (64, 128) for dt in DTYPES],
     }
 
 
@@ -89,7 +106,7 @@ def ceiling_jobs() -> list[KernelJob]:
 def all_jobs(sms: int = SMS, ceiling: bool = False, ops: tuple[str, ...] | None = None) -> list[KernelJob]:
     """Every job of ``ops`` (default: all), each kernel once (kernels that do not depend on the dtype are shared)."""
     makers = {"lazy_attention": attention_jobs, "mhc_pre": lambda D, dt: mhc_pre_jobs(D, dt, sms),
-              "mhc_post": mhc_post_jobs}
+              "mhc_post": mhc_post_jobs, "lazy_attention_with_kvcache": kvcache_jobs}
     jobs: dict[tuple, KernelJob] = {}
     for op, classes in shape_classes().items():
         if ops is not None and op not in ops:
@@ -109,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tar", type=Path, default=DEFAULT_TAR, help="tarball to write (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="compiling processes (default: cores)")
     ap.add_argument("--sms", type=int, default=SMS, help="SM count of the GPU (default: %(default)s)")
-    ap.add_argument("--ops", help="comma list of operators to build (default: lazy_attention,mhc_pre,mhc_post)")
+    ap.add_argument("--ops", help="comma list of operators to build (default: every operator with TileLang kernels)")
+    ap.add_argument("--D", help="mHC feature sizes to build (comma list; default: every size of the tests, the "
+                               "benchmark and the GPU configs)")
     ap.add_argument("--ceiling", action="store_true", help="also the kernels of gpu_ceiling_tilelang_attention.py")
     ap.add_argument("--list", action="store_true", help="print the kernels and exit")
     args = ap.parse_args(argv)
@@ -120,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--ops: unknown operators {sorted(unknown)}; valid: {', '.join(shape_classes())}")
     jobs = all_jobs(args.sms, args.ceiling, ops)
+    if args.D:
+        keep = {f"D{d}" for d in args.D.split(",")}
+        jobs = [j for j in jobs if not j.label.startswith("mhc") or set(j.label.split()) & keep]
     if args.list:
         for job in jobs:
             print(job.label)

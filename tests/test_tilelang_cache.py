@@ -103,4 +103,4 @@ def test_prebuild_covers_the_benchmark_default_sweep(prebuild):
 def test_prebuild_jobs_are_unique_and_named(prebuild):
     jobs = prebuild.all_jobs()
     assert len({(j.module, j.factory, j.args) for j in jobs}) == len(jobs)
-    assert all(j.label and j.factory == "build" for j in jobs)
+    assert all(j.label and j.factory in ("build", "prim_func") for j in jobs)
