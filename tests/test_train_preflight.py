@@ -173,3 +173,15 @@ def test_cpu_memory_is_shared_by_the_local_ranks(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     four = resources.available_bytes(torch.device("cpu"))
     assert math.isclose(four, one / 4, rel_tol=0.05)  # MemAvailable moves a little between the two reads
+
+
+def test_a_problem_on_any_rank_stops_every_rank(run_yaml, monkeypatch):
+    """Rank 0 finds nothing wrong but rank 1 does: rank 0 raises rank 1's error too (no rank waits alone)."""
+    from kernel_dispatch.training import loop
+    from kernel_dispatch.training.distributed import DistEnv
+
+    cfg = tcfg.load_run_config(str(run_yaml))
+    env = DistEnv(rank=0, world=2, local_rank=0, device=torch.device("cpu"))
+    monkeypatch.setattr(loop.distributed, "gather_objects", lambda obj, env: [obj, "train.batch_size: rank 1's"])
+    with pytest.raises(tcfg.ConfigError, match="^train.batch_size: rank 1's$"):
+        loop._check_machine(cfg, env, "golden")

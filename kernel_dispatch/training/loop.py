@@ -73,6 +73,23 @@ def _check_cuda_graph(cfg: RunConfig, env: distributed.DistEnv) -> None:
         raise ConfigError("train.cuda_graph: one process only (DDP and FSDP2 communicate inside the step)")
 
 
+def _check_machine(cfg: RunConfig, env: distributed.DistEnv, attention_backend: str) -> None:
+    """train.out_dir writable (rank 0 writes there) and the step's memory estimate within every rank's memory.
+
+    Collective: a problem found on any rank raises the same ConfigError on every rank.
+    """
+    try:
+        if env.is_main:
+            resources.check_out_dir(cfg.train.out_dir)
+        resources.check_memory(cfg, env.device, attention_backend)
+        problem = None
+    except ConfigError as e:
+        problem = str(e)
+    problems = [p for p in distributed.gather_objects(problem, env) if p]
+    if problems:
+        raise ConfigError(problems[0])
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: list, cfg: RunConfig, env: distributed.DistEnv) -> float:
     """Mean loss (nats per byte) over every rank's validation batches."""
@@ -118,9 +135,7 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
         resolutions = resolve_backends(cfg.model, dev, act_dtype, packed=cfg.data.pack)
     except BackendUnavailableError as e:
         raise ConfigError(f"backend: {e}") from None
-    if env.is_main:
-        resources.check_out_dir(out_dir)
-    resources.check_memory(cfg, dev, resolutions[0].forward)
+    _check_machine(cfg, env, resolutions[0].forward)
 
     torch.manual_seed(tc.seed)
     corpus = ByteCorpus(cfg.data.path, cfg.data.val_fraction, cfg.data.seq_len)
