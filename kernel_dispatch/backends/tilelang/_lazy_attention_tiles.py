@@ -25,22 +25,6 @@ class Tiles:
     num_stages: int
 
 
-def relu(x):
-    """max(x, 0) keeping NaN, as golden's torch.relu does (``T.max`` becomes CUDA's fmaxf, which returns 0 for a
-    NaN): a NaN score, bias or tau poisons its row instead of vanishing."""
-    import tilelang.language as T
-
-    return T.Select(x < 0, T.float32(0), x)
-
-
-def mask_of(cond):
-    """1.0 where ``cond`` holds, else 0.0: dP = dA * Mk as a product, so a NaN dA stays NaN where Mk is 0 (golden's
-    dense product), which a select would drop."""
-    import tilelang.language as T
-
-    return T.if_then_else(cond, T.float32(1), T.float32(0))
-
-
 def is_free_tile(m0, n0, rows_q: int, cols_k: int, lb, w, mask_rows: bool):
     """Whether the tile of queries [m0, m0 + rows_q) x keys [n0, n0 + cols_k) needs no mask/bias."""
     import tilelang.language as T
