@@ -253,21 +253,25 @@ def _document_mask(lengths: tuple[int, ...], device: str):
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
 
 
+def _flex(q, k, v, block_mask, scale, kernel_options):
+    """flex_attention, compiled apart from lazy attention's FlexAttention baseline (its own recompile budget)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, kernel_options=kernel_options)
+
+
 def _flex_document(s: Shape, t: Inputs) -> Candidate:
     cand = Candidate("flex_document", note="plain causal attention within documents (document-id block mask), "
                                            "no bias/tau")
     if t.q.device.type != "cuda":
         cand.reason = NEEDS_CUDA
         return cand
-    from torch.nn.attention.flex_attention import flex_attention
-
-    flex = compiled(flex_attention)
+    flex = compiled(_flex)
     mask = _document_mask(s.lengths, str(t.q.device))
     scale = 1.0 / math.sqrt(s.D)
 
     def forward(options):  # [T, H, D] as [1, H, T, D]
-        return flex(*(x.transpose(0, 1)[None] for x in (t.q, t.k, t.v)), block_mask=mask, scale=scale,
-                    kernel_options=options)
+        return flex(*(x.transpose(0, 1)[None] for x in (t.q, t.k, t.v)), mask, scale, options)
 
     do = t.do.transpose(0, 1)[None]
     cand.forward = attn_baselines.with_smaller_tiles(forward, (s.D, "fwd"), cand, "fwd")
