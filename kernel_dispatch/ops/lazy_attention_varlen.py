@@ -196,7 +196,8 @@ def _declaration() -> Operator:
         env_var="LAZYATTN_BACKEND", group="lazy_attention",
         info_facts=tuple(f for f in INFO_FACTS if f.key != "lengths"),
         per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
-        cases=cases.CASES, make_inputs=cases.make_inputs)
+        cases=cases.CASES, make_inputs=cases.make_inputs,
+        bench="kernel_dispatch.ops.lazy_attention_varlen_bench")
 
 
 DECLARATION = declare(_declaration())
