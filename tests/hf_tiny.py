@@ -48,6 +48,7 @@ def lazy_copy(model: PreTrainedModel, window: int = 8, tau_init: float = 0.0, ba
               randomize_seed: int | None = None) -> PreTrainedModel:
     """A deep copy with lazy attention; with ``randomize_seed``, bias ~ N(0, 0.5) and tau ~ U(-0.8, 0.3)."""
     lazy = kd_hf.add_lazy_attention(copy.deepcopy(model), window=window, tau_init=tau_init, backend=backend)
+    lazy.to(model.dtype)  # float64 models: float64 bias and tau too (bf16 and fp16 would keep them fp32)
     if randomize_seed is not None:
         g = torch.Generator().manual_seed(randomize_seed)
         with torch.no_grad():

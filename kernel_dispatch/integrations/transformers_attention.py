@@ -39,6 +39,9 @@ class LazyAttentionParameters(nn.Module):
     tau: [H] fp32, the Elastic-Softmax offset (``tau_init`` at start).
     backend: the kernel-dispatch backend choice for this module's calls (None: the usual selection),
         a name, a (forward, backward) pair, or a mapping from operator name to either.
+
+    ``model.to(torch.bfloat16)`` (or ``.half()``) leaves bias and tau in fp32, as the operators require;
+    devices follow the model, and float64 (a float64 reference model) is kept.
     """
 
     def __init__(self, num_heads: int, window: int, tau_init: float, device: Any = None,
@@ -47,6 +50,13 @@ class LazyAttentionParameters(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_heads, window, dtype=torch.float32, device=device))
         self.tau = nn.Parameter(torch.full((num_heads,), float(tau_init), dtype=torch.float32, device=device))
         self.backend = backend
+
+    def _apply(self, fn, recurse: bool = True):
+        def keep_fp32(t: Tensor) -> Tensor:
+            out = fn(t)
+            return out.float() if out.dtype in (torch.float16, torch.bfloat16) and t.dtype == torch.float32 else out
+
+        return super()._apply(keep_fp32, recurse)
 
     def backend_for(self, op: str) -> Any:
         if isinstance(self.backend, Mapping):
@@ -227,7 +237,8 @@ def lazy_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
     rows = _with_documents(rows, kwargs)
     _check_call(module, dropout, kwargs, rows)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else float(scaling)
-    bias, tau = params.bias.float(), params.tau.float()
+    param_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    bias, tau = params.bias.to(param_dtype), params.tau.to(param_dtype)
     if rows.packed or kwargs.get("cu_seq_lens_q") is not None:
         o = _varlen(query, key, value, bias, tau, scale, rows, kwargs, params.backend_for("lazy_attention_varlen"))
     elif rows.q_offset == 0:
