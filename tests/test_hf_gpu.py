@@ -83,3 +83,15 @@ def test_lazy_attention_bf16_tau0_no_worse_than_sdpa(backend):
     baseline = _errors(_run(sdpa, ids), ref)
     lazy = kd_hf.add_lazy_attention(copy.deepcopy(sdpa), window=16, tau_init=0.0, backend=backend)
     _assert_no_worse(_errors(_run(lazy, ids), ref), baseline, backend)
+
+
+def test_static_cache_generate_on_gpu_equals_no_cache():
+    """On a GPU generate() compiles the forward for a static cache (mode reduce-overhead): lazy attention runs
+    eagerly between the compiled pieces and must give the tokens of the uncached path (golden both ways)."""
+    from .hf_tiny import lazy_copy
+
+    model = lazy_copy(tiny_model("llama", torch.float32), randomize_seed=5, backend="golden").cuda()
+    ids = torch.randint(1, 128, (2, 6), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    greedy = dict(max_new_tokens=8, do_sample=False)
+    want = model.generate(ids, use_cache=False, **greedy)
+    assert torch.equal(model.generate(ids, cache_implementation="static", **greedy), want)

@@ -191,3 +191,14 @@ def test_bf16_model_keeps_fp32_bias_and_tau():
     logits = _fwd_bwd(lazy, ids, mask)
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
     assert p.bias.grad.dtype == torch.float32 and p.tau.grad.abs().sum() > 0
+
+
+def test_non_causal_or_chunked_configs_raise():
+    model = tiny_model("llama")
+    model.config.is_causal = False
+    with pytest.raises(kd_hf.LazyAttentionUnsupportedError, match="is_causal"):
+        kd_hf.add_lazy_attention(model)
+    model = tiny_model("llama")
+    model.config.attention_chunk_size = 4
+    with pytest.raises(kd_hf.LazyAttentionUnsupportedError, match="chunked"):
+        kd_hf.add_lazy_attention(model)

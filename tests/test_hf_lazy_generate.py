@@ -158,3 +158,18 @@ def test_reload_of_a_model_without_lazy_attention_raises(tmp_path):
     tiny_model("llama").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="not saved with lazy attention"):
         kd_hf.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_static_cache_generate_compiled_equals_no_cache():
+    """generate() compiles the forward for static caches on a GPU; the attention call runs eagerly inside it
+    (torch.compiler.disable). Here the same path on the CPU through dynamo's eager backend."""
+    from transformers import CompileConfig
+
+    model = _lazy("llama")
+    ids = _prompts()
+    want = model.generate(ids, use_cache=False, **GREEDY)
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    got = model.generate(ids, cache_implementation="static", compile_config=config, **GREEDY)
+    assert torch.equal(got, want)

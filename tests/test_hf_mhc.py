@@ -2,10 +2,10 @@
 parameter gradients, golden in float32 and Triton through its interpreter.
 
 Each parameter's gradient error is relative to its own norm, or to 1e-3 of the whole gradient's norm where
-that is larger: a few gradients (the scale of the final hyper head: 1.4e-5, the whole gradient 3.8) are sums that cancel,
-and their relative error measures the cancellation, not the kernel. The bound is 2^10 machine epsilons of
-float32 (1.2e-4): eager and kernel mHC sum in another order (RMS norm folded after the GEMM, closed-form
-Sinkhorn backward), nothing is approximated.
+that is larger: a few gradients (the scale of the final hyper head: 1.4e-5, the whole gradient 3.8) are sums
+that cancel, and their relative error measures the cancellation, not the kernel. The bound is 2^10 machine
+epsilons of float32 (1.2e-4): eager and kernel mHC sum in another order (RMS norm folded after the GEMM,
+closed-form Sinkhorn backward), nothing is approximated.
 """
 from __future__ import annotations
 

@@ -209,6 +209,7 @@ def _cached(q, k, v, bias, tau, scale, rows, backend_kv, backend_train) -> Tenso
     return o.gather(2, index).transpose(1, 2)
 
 
+@torch.compiler.disable  # host-side layout logic: compiled models (generate()'s static-cache compile) break here
 def lazy_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                            attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                            **kwargs: Any) -> tuple[Tensor, None]:

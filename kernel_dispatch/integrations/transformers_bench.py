@@ -179,7 +179,8 @@ def bench_llama(s: LlamaBench, backends: tuple[str, ...], timer: Timer, device: 
 
 def _table(title: str, rows: list[dict], baseline: str) -> str:
     base = next((r["ms"] for r in rows if r["name"].startswith(baseline) and "ms" in r), None)
-    lines = [f"## {title}", "", "| implementation | ms | +-% | speedup | peak MiB | check |", "|---|---|---|---|---|---|"]
+    lines = [f"## {title}", "", "| implementation | ms | +-% | speedup | peak MiB | check |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['name']} | not run: {r['error']} | | | | |")
