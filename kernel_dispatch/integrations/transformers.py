@@ -38,7 +38,6 @@ from transformers.modeling_utils import AttentionInterface  # noqa: E402
 from .transformers_attention import (ATTN_IMPLEMENTATION, OPERATORS, PARAMS, LazyAttentionParameters,  # noqa: E402
                                      lazy_attention_forward)
 from .transformers_mask import LazyAttentionUnsupportedError, lazy_attention_mask  # noqa: E402
-from .transformers_mhc import use_kernel_mhc  # noqa: E402
 
 CONFIG_KEY = "lazy_attention"  # model.config.lazy_attention = {"window": W, "tau_init": tau}
 
@@ -138,6 +137,20 @@ def add_lazy_attention(model: PreTrainedModel, window: int = 512, tau_init: floa
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     setattr(model.config, CONFIG_KEY, {"window": window, "tau_init": float(tau_init)})
     return model
+
+
+def use_kernel_mhc(model: nn.Module, *, backend: Any = None, head: bool = True) -> nn.Module:
+    """Run every DeepSeek-V4 hyper-connection of ``model`` through ``kd.mhc_pre`` / ``kd.mhc_post``.
+
+    See :func:`kernel_dispatch.integrations.transformers_mhc.use_kernel_mhc` (imported here on first use, so
+    that lazy attention works with a transformers that has no DeepSeek-V4).
+    """
+    try:
+        from .transformers_mhc import use_kernel_mhc as swap
+    except ImportError as e:
+        raise ImportError(f"use_kernel_mhc needs transformers' DeepSeek-V4 (transformers {transformers.__version__} "
+                          f"has none): {e}") from e
+    return swap(model, backend=backend, head=head)
 
 
 def _checkpoint_files(path: str, hub_kwargs: dict) -> dict[str, str]:

@@ -167,11 +167,10 @@ def _prefill(q, k, v, bias, tau, scale, rows, backend) -> Tensor:
     k, v = k[:, :, :L], v[:, :, :L]  # a static cache's unused slots
     if not rows.padded:
         return ops.lazy_attention(q, k, v, bias, tau, scale=scale, backend=backend).transpose(1, 2)
-    start = torch.tensor(rows.start, device=q.device)
     lengths = torch.tensor([e - s for s, e in zip(rows.start, rows.end)], dtype=torch.int32, device=q.device)
-    if not any(rows.start):
-        o = ops.lazy_attention(q, k, v, bias, tau, scale=scale, lengths=lengths, backend=backend)
-        return o.transpose(1, 2)
+    if not any(rows.start):  # right padding only
+        return ops.lazy_attention(q, k, v, bias, tau, scale=scale, lengths=lengths, backend=backend).transpose(1, 2)
+    start = torch.tensor(rows.start, device=q.device)
     q, k, v = (_shift(t, start) for t in (q, k, v))
     o = ops.lazy_attention(q, k, v, bias, tau, scale=scale, lengths=lengths, backend=backend)
     return _shift(o, -start).transpose(1, 2)  # rows past a row's tokens are zero and land on its padding

@@ -77,8 +77,7 @@ class RowLayout:
     def from_tensor(cls, t: Any, batch: int, q_len: int) -> "RowLayout":
         """Decode :meth:`to_tensor`; LazyAttentionUnsupportedError for any other mask."""
         if not is_row_layout(t) or tuple(t.shape) != (batch, 1, 1, HEADER + q_len):
-            what = "None" if t is None else f"a {t.dtype} tensor of shape {list(t.shape)}" \
-                if isinstance(t, Tensor) else type(t).__name__
+            what = f"a {t.dtype} tensor of shape {list(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
             raise LazyAttentionUnsupportedError(
                 f"attention_mask: expected the row layout built by kernel-dispatch's mask function for "
                 f"{batch} rows and {q_len} queries, got {what}. Custom 4-D masks are not supported: pass a 2-D "
