@@ -116,10 +116,10 @@ def generate(out_dir: str, backends: tuple[str, ...], jobs: int, match: str | No
                 manifest[rel] = hashlib.sha256(code.encode()).hexdigest()
                 print(f"[{time.time() - t0:6.0f}s {i}/{len(tasks)}] {rel} ({secs:.1f}s)", flush=True)
     path = os.path.join(out_dir, "manifest.json")
-    if os.path.exists(path):  # keep the entries of an earlier run that this one did not regenerate
-        kept = {k: v for k, v in _load_manifest(path).items()
-                if k not in manifest and (match or k.split("/")[0] not in backends)}
-        manifest.update(kept)
+    earlier = _load_manifest(out_dir) if os.path.isdir(out_dir) else {}
+    # keep the entries of an earlier run that this one did not regenerate
+    manifest.update({k: v for k, v in earlier.items()
+                     if k not in manifest and (match or k.split("/")[0] not in backends)})
     manifest = dict(sorted(manifest.items()))
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -127,6 +127,16 @@ def generate(out_dir: str, backends: tuple[str, ...], jobs: int, match: str | No
 
 
 def _load_manifest(path: str) -> dict:
+    """The manifest of an output directory (or a manifest file); a directory without one (an interrupted run) is
+    hashed file by file."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "manifest.json")):
+        out = {}
+        for backend in ("tilelang", "triton"):
+            folder = os.path.join(path, backend)
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+                with open(os.path.join(folder, name), "rb") as f:
+                    out[f"{backend}/{name}"] = hashlib.sha256(f.read()).hexdigest()
+        return out
     if os.path.isdir(path):
         path = os.path.join(path, "manifest.json")
     with open(path) as f:
