@@ -10,6 +10,7 @@ import os
 import torch
 
 from ...ops.lazy_attention import LazyAttentionCaps
+from ...ops.lazy_attention_varlen import VarlenCaps
 from ...ops.mhc_pre import MHCCaps
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -21,13 +22,18 @@ CAPABILITIES = {
                                    head_dims=(16, 32, 64, 128),
                                    notes="two key sweeps; backward without atomics (bitwise deterministic); "
                                          "fp32 dots in IEEE fp32; no float64"),
+    "lazy_attention_varlen": VarlenCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES,
+                                        head_dims=(16, 32, 64, 128),
+                                        notes="the lazy attention kernels over (document, block) programs, no "
+                                              "padding; backward without atomics (bitwise deterministic); no "
+                                              "float64"),
     "mhc_pre": MHCCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
                             d_multiple=8, notes="GEMMs on tensor cores keep ~17 bits (bf16 hi/lo splits; TF32x3 "
                                                 "for fp32 x); parameter gradients without atomics; no float64"),
     "mhc_post": MHCCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
                              d_multiple=8, notes="single streaming pass each way, no atomics; no float64"),
 }
-PRIORITY = {"lazy_attention": 20, "mhc_pre": 20, "mhc_post": 20}
+PRIORITY = {"lazy_attention": 20, "lazy_attention_varlen": 20, "mhc_pre": 20, "mhc_post": 20}
 
 
 def extra_reasons(op: str, meta: dict) -> list[str]:
