@@ -1,16 +1,22 @@
-# Each target installs what it needs first, so a fresh machine needs nothing but Python 3.10+.
-PY ?= python3
-PIP ?= $(PY) -m pip
-STAMP := .devcache/installed.stamp
-# CPU machines: pin the CPU build of torch before anything can pull a CUDA build.
-TORCH_PIN := $(shell $(PY) -c "import torch" 2>/dev/null && echo || echo "torch==2.13.0")
+# Each target installs what it needs first, so a fresh machine needs nothing but Python 3.10+. Everything goes
+# into a project-local virtual environment (.venv), never into the python3 first on the PATH; the stamp inside
+# it skips the installs until pyproject.toml changes. Another environment: make test VENV=/path/to/venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kernel-dispatch.stamp
+# Where the environment has no torch yet, this one goes in before anything else can pull a CUDA build
+# (CPU machines get its CPU wheel); an environment that already has a torch keeps it.
+TORCH_PIN := torch==2.13.0
 
 .PHONY: install test test-all-backends bench bench-quick train info support-table
 
-$(STAMP): pyproject.toml
-	@mkdir -p .devcache
-	$(if $(TORCH_PIN),$(PIP) install -q $(TORCH_PIN),)
-	$(PIP) install -q -e ".[test,cpu-build]"
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e ".[test,cpu-build]"
 	@touch $(STAMP)
 
 install: $(STAMP)

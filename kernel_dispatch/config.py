@@ -98,13 +98,37 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
-    """Read a YAML mapping from ``path``; an empty file is an empty mapping."""
+    """Read a YAML mapping from ``path``; an empty file is an empty mapping.
+
+    A missing or unreadable file and malformed YAML raise ConfigError naming the file (and, for
+    malformed YAML, the line and column: ``configs/x.yaml:3:7: malformed YAML: ...``).
+    """
     import yaml
 
-    text = Path(path).read_text()
-    data = yaml.safe_load(text) or {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{os.fspath(path)}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{os.fspath(path)}: not a UTF-8 text file (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{os.fspath(path)}: cannot read it: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{os.fspath(path)}:{mark.line + 1}:{mark.column + 1}" if mark else os.fspath(path)
+        context = e.context or ""
+        if context and e.context_mark and mark is not e.context_mark and e.context_mark.line != mark.line:
+            context += f" started at line {e.context_mark.line + 1}"
+        what = "; ".join(x for x in (context, e.problem) if x)
+        raise ConfigError(f"{where}: malformed YAML: {what}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{os.fspath(path)}: malformed YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(f"{os.fspath(path)}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 

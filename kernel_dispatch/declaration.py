@@ -103,7 +103,7 @@ class Operator:
     info_facts: the facts ``kernel_dispatch.info`` exposes as options.
     per_head: tensors the matrix also checks head by head: name -> the dimension of heads.
     tolerances: tensor name (outputs and gradients) -> :class:`Tolerance`.
-    cases: test cases (objects with ``name`` and ``big``); make_inputs(case, dtype, device, seed) ->
+    cases: test cases (objects with ``name`` and ``gpu_only``: realistic sizes run on a CUDA device only); make_inputs(case, dtype, device, seed) ->
         :class:`kernel_dispatch.testing.matrix.Inputs`.
     bench: its bench module, as an import path or the module object (the protocol is in
         :mod:`kernel_dispatch.benchmarks.common`; operators benchmarked as one block share one), or None.

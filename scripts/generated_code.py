@@ -5,7 +5,7 @@
 
 The first form compiles every shipped Triton kernel configuration for ``GPUTarget("cuda", 90, 32)`` (the specs the
 compile tests build: lazy attention fwd/dq/dkdv at every head dim, dtype, causal or not, fixed-length or packed
-(varlen: ids ending in ``-varlen``) and autotune config; the mHC kernels at every x dtype and stream count and
+(varlen: ids with ``-varlen``) and autotune config; the mHC kernels at every x dtype and stream count and
 config) and writes its PTX to ``OUT_DIR/triton/<id>.ptx``; it lowers every shipped TileLang kernel
 (``kernel_dispatch.testing.tilelang_build.shipped_kernels``) to CUDA source for sm_90a in
 ``OUT_DIR/tilelang/<id>.cu``; and it writes ``OUT_DIR/manifest.json``, {id: sha256 of the file}. No GPU is

@@ -113,7 +113,7 @@ class ToyCase:
     name: str
     shape: tuple[int, ...] = (3, 5)
     alpha: float = 0.5
-    big: bool = False
+    gpu_only: bool = False  # runs on a CUDA device only
 
 
 CASES = (ToyCase("basic"), ToyCase("one_element", (1,), -2.0), ToyCase("wide", (2, 300), 3.0))

@@ -31,8 +31,8 @@ GENERIC_CONVENTIONS = {
                   "(compilation or disk-cache load, and Triton's autotuning, included); Triton's autotuning winners "
                   "and TileLang's kernels are cached on disk ($TRITON_CACHE_DIR, $TILELANG_CACHE_DIR), so a later "
                   "process pays only the load; the GPU runs recorded here loaded TileLang kernels from a cache built "
-                  "on a CPU machine (scripts/gpu_check_tilelang_*.py --prebuild; a cold build takes about 5-35 s "
-                  "per kernel on 2 CPU cores)",
+                  "on a CPU machine (scripts/prebuild_tilelang.py; a cold build takes about 5-35 s per kernel on "
+                  "2 CPU cores)",
     "errors": "max abs error and ||out - ref|| / ||ref|| against golden float64 on the same inputs (a slice "
               "at large shapes); bwd: the gradient with the largest relative error",
 }

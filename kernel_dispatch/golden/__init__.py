@@ -9,7 +9,8 @@ from ..ops.mhc_pre import MHCCaps
 
 CAPABILITIES = {
     "lazy_attention": LazyAttentionCaps(notes="dense O(L^2) memory; the reference"),
-    "lazy_attention_varlen": VarlenCaps(notes="each document dense O(L^2), one after another; the reference"),
+    "lazy_attention_varlen": VarlenCaps(notes="each document dense O(L_d^2), documents of one length batched; "
+                                              "the reference"),
     "lazy_attention_with_kvcache": KVCacheCaps(notes="forward only; each row dense over its keys; the reference"),
     "mhc_pre": MHCCaps(notes="the reference"),
     "mhc_post": MHCCaps(notes="the reference"),

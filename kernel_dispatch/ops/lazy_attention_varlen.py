@@ -127,11 +127,13 @@ def validate(q, k, v, bias, tau, cu_seqlens, max_seqlen, scale, causal) -> None:
 def check_cu_seqlens(cu_seqlens: Tensor, T: int, max_seqlen: Optional[int]) -> int:
     """Check the boundaries' values and return the longest document (``max_seqlen`` if given).
 
-    Eager: one device-to-host read, ValueError naming the argument. While compiling or capturing a CUDA graph
-    nothing may read the device: the same checks run on the device (an error when the values arrive), and
-    without ``max_seqlen`` the kernels are sized for T.
+    Eagerly on the CPU, or on a GPU without ``max_seqlen``: one read of the values, ValueError naming the
+    argument. On a GPU with ``max_seqlen`` given, or while compiling or capturing a CUDA graph, nothing reads the
+    device: the same checks run on the device (an error naming the argument when the values arrive, at the next
+    synchronisation on a GPU), and without ``max_seqlen`` the kernels are sized for T.
     """
-    if torch.compiler.is_compiling() or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if (torch.compiler.is_compiling() or (cu_seqlens.is_cuda and max_seqlen is not None)
+            or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing())):
         lens = cu_seqlens[1:] - cu_seqlens[:-1]
         torch._assert_async(cu_seqlens[0] == 0, "cu_seqlens: expected cu_seqlens[0] == 0")
         torch._assert_async((lens >= 0).all(), "cu_seqlens: expected non-decreasing values")

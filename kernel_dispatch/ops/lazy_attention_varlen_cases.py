@@ -20,7 +20,7 @@ class VarlenCase:
     W: int = 8
     causal: bool = True
     tau: tuple[float, ...] | None = None  # per head; None: a mix of signs, never exactly -1
-    big: bool = False  # only on a GPU
+    gpu_only: bool = False  # runs on a CUDA device only
 
     @property
     def T(self) -> int:
@@ -49,9 +49,9 @@ CASES = (
     VarlenCase("tau_positive", docs=(9, 24), tau=(0.3, 0.05, 1.0)),
     VarlenCase("tau_below_minus1", docs=(9, 24), tau=(-1.5, -3.0, -1.2)),
     VarlenCase("realistic_d128", docs=_drawn(0, 64, 4096, seed=0, total=16384), H=16, Hkv=16, D=128, W=512,
-               big=True),
+               gpu_only=True),
     VarlenCase("realistic_gqa_noncausal", docs=(1000, 1, 2047, 700), H=16, Hkv=4, D=64, W=256, causal=False,
-               big=True),
+               gpu_only=True),
 )
 
 

@@ -90,10 +90,12 @@ def validate(q, k_cache, v_cache, bias, tau, cache_seqlens, k, v, scale) -> None
     check_parameters(bias, tau, scale, H)
     check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), ndim=1)
     check_shape("cache_seqlens", cache_seqlens, (B,), "[B]")
+    grads = torch.is_grad_enabled()
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("bias", bias), ("tau", tau)) + news:
-        if t.requires_grad:
+        if grads and t.requires_grad:
             raise ValueError(f"{name}: requires grad, but lazy_attention_with_kvcache is forward only (inference); "
-                             "call it under torch.no_grad() or detach, and train with kd.lazy_attention")
+                             "call it under torch.no_grad() or torch.inference_mode(), or detach it; train with "
+                             "kd.lazy_attention")
     check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, bias=bias, tau=tau, cache_seqlens=cache_seqlens, k=k, v=v)
 
 
@@ -146,7 +148,8 @@ def lazy_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, bia
 
     Query j of row b sits at position p = n_b - Lq + j (bottom-right alignment): it sees keys 0 .. p with
     i = p + 1 and distances p - n, so it equals row p of :func:`kernel_dispatch.lazy_attention` over the row's
-    first n_b tokens. Nothing may require grad; n_b > S or Lq > n_b is an error.
+    first n_b tokens. Forward only: with grad mode on, an input that requires grad is an error (run it under
+    ``torch.no_grad()``); n_b > S or Lq > n_b is an error.
 
     Returns:
         O [B, H, Lq, D] in q's dtype, contiguous.

@@ -21,7 +21,7 @@ class KVCacheCase:
     D: int = 32
     W: int = 8
     tau: tuple[float, ...] | None = None
-    big: bool = False
+    gpu_only: bool = False  # runs on a CUDA device only
 
     def keys(self, b: int) -> int:
         return self.cached[b] + (self.q_len if self.append else 0)
@@ -38,10 +38,10 @@ CASES = (
     KVCacheCase("tau_positive", cached=(11, 30), q_len=3, tau=(0.3, 0.05, 1.0, 0.6), capacity=40),
     KVCacheCase("tau_below_minus1", cached=(11, 30), q_len=3, tau=(-1.5, -3.0, -1.2, -1.0001), capacity=40),
     KVCacheCase("realistic_decode_b16", cached=tuple(range(4000, 4096 - 5, 6))[:16], capacity=4096, H=32, Hkv=8,
-                D=128, W=512, big=True),
-    KVCacheCase("realistic_decode_long", cached=(32767,), capacity=32768, H=32, Hkv=8, D=128, W=512, big=True),
+                D=128, W=512, gpu_only=True),
+    KVCacheCase("realistic_decode_long", cached=(32767,), capacity=32768, H=32, Hkv=8, D=128, W=512, gpu_only=True),
     KVCacheCase("realistic_prefill_chunk", cached=(1000, 3000), q_len=128, capacity=4096, H=32, Hkv=8, D=64, W=256,
-                big=True),
+                gpu_only=True),
 )
 
 

@@ -113,3 +113,12 @@ def check(op: str, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], d
                 if eh > tol:
                     failures.append(f"{name} head {h}: rel err {eh:.3e} > tol {tol:.3e}")
     return failures
+
+
+def poison_cuda_cache(nbytes: int = 1 << 30) -> None:
+    """Leave 0xFF bytes (NaN in every float dtype) in the free blocks of torch's CUDA caching allocator, one
+    large block and many small ones, so an output element a kernel never writes reads back as NaN whenever
+    its buffer comes from those blocks."""
+    big = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device="cuda")
+    small = [torch.full((1 << 19,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(64)]
+    del big, small

@@ -3,7 +3,8 @@
 Triton compiles for a named target (``GPUTarget("cuda", 90, 32)``) through the ptxas it ships, so no device is
 needed; it must run WITHOUT ``TRITON_INTERPRET=1`` (the tests run it in a subprocess). A spec (a dict: id, fn,
 signature, constexprs, num_warps, num_stages, divisible) is one (kernel, config) typed as a contiguous launch
-specializes it: unit strides the constant 1, pointers 16-byte aligned, sizes and other strides multiples of 16.
+specializes it: unit strides the constant 1, pointers 16-byte aligned, sizes and other strides multiples of 16;
+its "group" names the launch class the autotuner picks among (the same kernel, dtypes and sizes, any config).
 Alignment enables the cp.async pipelining that uses most of the shared memory, so this is the realistic worst
 case. :func:`lazy_attention_specs`, :func:`mhc_pre_specs` and :func:`mhc_post_specs` list them.
 """
@@ -15,14 +16,17 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 
 SM90_SHARED_BYTES = 232448  # the opt-in shared memory per block of sm_90
+# the opt-in shared memory per block of each architecture the compile tests build for (A100: sm_80; RTX 30xx, A10:
+# sm_86; L4, L40, RTX 40xx: sm_89; H100, H200: sm_90; RTX 50xx: sm_120)
+SHARED_BYTES = {80: 166912, 86: 101376, 89: 101376, 90: SM90_SHARED_BYTES, 120: 101376}
 
 _TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def compile_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], num_warps: int, num_stages: int, *,
-                 divisible: Iterable[str] = ()):
-    """The triton ``CompiledKernel`` of ``fn`` for sm_90 (PTX in ``asm["ptx"]``, shared memory in bytes in
-    ``metadata.shared``). Raises whatever triton raises when the kernel does not compile (e.g. out of resources).
+                 divisible: Iterable[str] = (), arch: int = 90):
+    """The triton ``CompiledKernel`` of ``fn`` for sm_``arch`` (default 90; PTX in ``asm["ptx"]``, shared memory in
+    bytes in ``metadata.shared``). Raises whatever triton raises when the kernel does not compile.
 
     Args:
         fn: the ``@triton.jit`` function.
@@ -55,13 +59,13 @@ def compile_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any]
              if sig[name].startswith("*") or name in divisible}
     src = ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs)
     options = {"num_warps": int(num_warps), "num_stages": int(num_stages), "enable_fp_fusion": True}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", int(arch), 32), options=options)
 
 
-def compile_spec(spec: Mapping[str, Any]):
-    """:func:`compile_sm90` of one spec (a dict as the specs functions yield)."""
+def compile_spec(spec: Mapping[str, Any], arch: int = 90):
+    """:func:`compile_sm90` of one spec (a dict as the specs functions yield) for sm_``arch``."""
     return compile_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
-                        divisible=spec["divisible"])
+                        divisible=spec["divisible"], arch=arch)
 
 
 def small_async_copies(ptx: str) -> int:
@@ -80,7 +84,7 @@ def lazy_attention_specs(head_dims=None, dtypes=None, causal=(True,), varlen=(Fa
     """Every shipped (kernel, config) of Triton lazy attention (default: every head dim and dtype, fixed length).
 
     ``varlen=(True,)`` gives the packed-document variants (lazy_attention_varlen: ``VARLEN`` on, cu_seqlens int32
-    in ``Lens``, T not a multiple of 16); their ids end in ``-varlen``.
+    in ``Lens``, T not a multiple of 16); their ids hold ``-varlen``.
     """
     from ..backends.triton import lazy_attention as tk
 
@@ -118,8 +122,8 @@ def _lazy_attention_specs(tk, head_dims, dtypes, causal, vl: bool) -> Iterator[d
                         const.update(CAUSAL=cz, HAS_LENS=not vl, VARLEN=vl, HEAD_DIM=d,
                                      PREC="ieee" if dt == torch.float32 else "tf32")
                         blocks = "x".join(str(v) for v in c.kwargs.values())
-                        yield {"id": f"{name}-{_TL_DTYPE[dt]}-d{d}-{'causal' if cz else 'full'}-{blocks}"
-                                     f"-w{c.num_warps}s{c.num_stages}" + ("-varlen" if vl else ""),
+                        group = f"{name}-{_TL_DTYPE[dt]}-d{d}-{'causal' if cz else 'full'}" + ("-varlen" if vl else "")
+                        yield {"id": f"{group}-{blocks}-w{c.num_warps}s{c.num_stages}", "group": group,
                                "fn": fn, "signature": sig, "constexprs": const, "num_warps": c.num_warps,
                                "num_stages": c.num_stages, "divisible": div}
 
@@ -156,8 +160,9 @@ def _mhc_spec(kernel, name: str, x_dtype: torch.dtype, n: int, constexprs: dict,
     if config is not None:
         num_warps, num_stages = config.num_warps, config.num_stages
     tiles = "x".join(f"{k}{v}" for k, v in (config.kwargs.items() if config is not None else ()))
-    return {"id": f"{name}-{_TL_DTYPE[x_dtype]}-n{n}" + (f"-{tiles}" if tiles else "") + f"-w{num_warps}s{num_stages}",
-            "fn": fn, "signature": sig, "constexprs": const, "num_warps": num_warps, "num_stages": num_stages,
+    group = f"{name}-{_TL_DTYPE[x_dtype]}-n{n}"
+    return {"id": group + (f"-{tiles}" if tiles else "") + f"-w{num_warps}s{num_stages}", "group": group, "fn": fn,
+            "signature": sig, "constexprs": const, "num_warps": num_warps, "num_stages": num_stages,
             "divisible": div}
 
 

@@ -1,6 +1,8 @@
 """Checkpoints that resume a run exactly: model, optimizer, every rank's RNG states, data position.
 
-One file, written by rank 0 (atomically: a temporary file, then a rename), holding full
+One file, written by rank 0 atomically (into ``ckpt.pt.tmp``, flushed to disk with fsync, renamed
+over ``ckpt.pt``, the directory fsynced), so a crash or kill during a save leaves the previous
+checkpoint whole. It holds full
 (unsharded) model and optimizer state dicts from ``torch.distributed.checkpoint.state_dict``, so
 the same code serves one process, DDP and FSDP2. It loads with ``torch.load(weights_only=True)``:
 every entry is a tensor or plain Python data.
@@ -62,9 +64,31 @@ def save(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model_state, "optimizer": optim_state, "rng": rngs, **extra}, tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"model": model_state, "optimizer": optim_state, "rng": rngs, **extra}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def resolve_path(resume: str, out_dir: str) -> Path:
@@ -77,12 +101,52 @@ def resolve_path(resume: str, out_dir: str) -> Path:
     return path
 
 
-def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> dict:
-    """Restore model, optimizer and this rank's RNG states from ``path``; returns the whole checkpoint."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+_KEYS = ("model", "optimizer", "rng", "step", "history", "sampler", "config")
+
+
+def read(path: str | Path) -> dict:
+    """The checkpoint at ``path`` as a mapping (CPU tensors); ConfigError in one line if it cannot be one."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever torch.load raises, the file is not a readable checkpoint
+        reason = " ".join(str(e).split()).split(". ")[0][:160] or type(e).__name__  # its first sentence
+        raise ConfigError(f"--resume: {str(path)!r} is truncated or corrupted ({reason})") from None
+    missing = [k for k in _KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ConfigError(f"--resume: {str(path)!r} is not a checkpoint of train.py (no {', '.join(missing)})")
+    return ckpt
+
+
+def model_differences(saved: dict, current: dict, prefix: str = "model") -> list[str]:
+    """'key: checkpoint X, this run Y' for every key of two config sections that differs."""
+    def show(section: dict, key: str) -> str:
+        return repr(section[key]) if key in section else "(no such key)"
+
+    return [f"{prefix}.{key}: checkpoint {show(saved, key)}, this run {show(current, key)}"
+            for key in sorted(set(saved) | set(current)) if saved.get(key, _ABSENT) != current.get(key, _ABSENT)]
+
+
+_ABSENT = object()
+
+
+def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
+         config: dict) -> dict:
+    """Restore model, optimizer and this rank's RNG states from ``path``; returns the whole checkpoint.
+
+    ``config``: this run's config as a mapping (:func:`~.config.to_dict`); a checkpoint whose
+    ``model`` section differs from it is refused, naming every key that differs.
+    """
+    ckpt = read(path)
+    diffs = model_differences(ckpt["config"].get("model", {}), config["model"])
+    if diffs:
+        raise ConfigError(f"--resume: {str(path)!r} holds a different model: {'; '.join(diffs)}")
     if len(ckpt["rng"]) != env.world:
         raise ConfigError(f"--resume: {path} was written by {len(ckpt['rng'])} ranks, this run has {env.world}")
-    set_model_state_dict(model, ckpt["model"], options=StateDictOptions(full_state_dict=True))
-    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    try:
+        set_model_state_dict(model, ckpt["model"], options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    except (RuntimeError, KeyError, ValueError) as e:
+        reason = " ".join(str(e).split())
+        raise ConfigError(f"--resume: {str(path)!r} does not fit this model: {reason[:300]}") from None
     set_rng_state(ckpt["rng"][env.rank])
     return ckpt

@@ -6,6 +6,7 @@ A config file is YAML with the sections ``model``, ``data``, ``train`` and the k
 or in an override, are errors naming the key.
 """
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -43,6 +44,7 @@ class DataConfig:
     path: str = "data/austen.txt"
     seq_len: int = 64
     val_fraction: float = 0.05
+    pack: bool = False  # pack the chapters into each step's batch_size * seq_len tokens (see training/data.py)
 
 
 @dataclass
@@ -69,7 +71,10 @@ class TrainConfig:
     dist: str = "ddp"  # under torchrun: ddp | fsdp2
     compile: bool = False
     cuda_graph: bool = False  # capture each step's forward+backward in a CUDA graph (one CUDA process)
-    progress: bool = True  # the tqdm bar (rank 0)
+    mhc_recompute: bool = False  # rebuild the mHC streams in the backward (kernel_dispatch/mhc_recompute.py)
+    mhc_recompute_block: int = 0  # mHC wrappers per recompute block; 0: sqrt(n * 2 n_layers / (n + 2))
+    progress: bool = True  # rank 0: a tqdm bar on a terminal, else a line every progress_interval seconds
+    progress_interval: float = 5.0
     plot: bool = True  # loss.png in out_dir at the end
 
 
@@ -85,39 +90,115 @@ class RunConfig:
 
 _CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "bfloat16"),
             "train.dist": ("ddp", "fsdp2")}
-_POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.n_streams",
-             "model.max_bias_length", "model.sinkhorn_iters", "data.seq_len", "train.batch_size",
-             "train.eval_interval", "train.eval_batches")
+# Every single-key rule: (dotted key, test of the value, what the value must be). Integer fields hold
+# integers and float fields finite numbers before these run (see _check_types and validate).
+_RULES = (
+    *((key, lambda v: v >= 1, "an integer >= 1") for key in (
+        "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.n_streams",
+        "model.max_bias_length", "model.sinkhorn_iters", "data.seq_len", "train.batch_size",
+        "train.eval_interval", "train.eval_batches")),
+    *((key, lambda v: v >= 0, "an integer >= 0") for key in (
+        "model.mlp_hidden", "train.max_steps", "train.warmup_steps", "train.ckpt_interval", "train.threads")),
+    ("model.vocab_size", lambda v: v == 256, "256 (the corpus is read as bytes)"),
+    ("model.rope_base", lambda v: v > 0, "a number > 0"),
+    ("model.init_std", lambda v: v > 0, "a number > 0"),
+    ("data.path", lambda v: v != "", "a file path"),
+    ("data.val_fraction", lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("train.lr", lambda v: v > 0, "a number > 0"),
+    ("train.min_lr", lambda v: v >= 0, "a number >= 0"),
+    ("train.beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train.beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train.weight_decay", lambda v: v >= 0, "a number >= 0"),
+    ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0: no clipping)"),
+    ("train.progress_interval", lambda v: v >= 0, "a number of seconds >= 0"),
+    ("train.out_dir", lambda v: v != "", "a directory path"),
+)
 
 
 def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError naming the first key whose value cannot work."""
+    """Raise ConfigError naming the first key whose value cannot work.
+
+    Every key is checked here: float fields must be finite, then each key's own rule (_RULES,
+    _CHOICES), then the rules between keys.
+    """
+    for key, ftype in _scalar_fields(RunConfig):
+        value = _get(cfg, key)
+        if ftype is float and not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
     for key, allowed in _CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
-    for key in _POSITIVE:
-        if _get(cfg, key) < 1:
-            raise ConfigError(f"{key}: expected an integer >= 1, got {_get(cfg, key)!r}")
-    m = cfg.model
+    for key, ok, expected in _RULES:
+        value = _get(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+    m, tc = cfg.model, cfg.train
     if m.n_heads % m.n_kv_heads:
         raise ConfigError(f"model.n_kv_heads: expected a divisor of model.n_heads = {m.n_heads}, got {m.n_kv_heads}")
     if m.dim % m.n_heads or (m.dim // m.n_heads) % 2:
         raise ConfigError(f"model.dim: expected a multiple of model.n_heads = {m.n_heads} with an even head "
                           f"dimension, got {m.dim}")
-    if m.vocab_size != 256:
-        raise ConfigError(f"model.vocab_size: the corpus is read as bytes, expected 256, got {m.vocab_size}")
-    if not 0 < cfg.data.val_fraction < 1:
-        raise ConfigError(f"data.val_fraction: expected a number in (0, 1), got {cfg.data.val_fraction!r}")
-    if cfg.train.threads < 0:
-        raise ConfigError(f"train.threads: expected >= 0 (0: torch's default), got {cfg.train.threads}")
-    if cfg.train.max_steps < 0:
-        raise ConfigError(f"train.max_steps: expected >= 0, got {cfg.train.max_steps}")
-    if cfg.train.cuda_graph and cfg.train.compile:
+    if tc.min_lr > tc.lr:
+        raise ConfigError(f"train.min_lr: expected at most train.lr = {tc.lr!r}, got {tc.min_lr!r}")
+    if tc.cuda_graph and tc.compile:
         raise ConfigError("train.cuda_graph: cannot be combined with train.compile (capture the eager model; "
                           "torch.compile(mode='reduce-overhead') is the compiled form)")
-    if cfg.train.cuda_graph and cfg.train.device == "cpu":
+    if tc.cuda_graph and tc.device == "cpu":
         raise ConfigError("train.cuda_graph: needs train.device cuda (or auto on a CUDA machine), got cpu")
+    _validate_pack_and_recompute(cfg)
+
+
+def _validate_pack_and_recompute(cfg: RunConfig) -> None:
+    tc = cfg.train
+    if cfg.data.pack and tc.cuda_graph:
+        raise ConfigError("data.pack: cannot be combined with train.cuda_graph (the document boundaries change "
+                          "every step; a captured step has fixed inputs)")
+    if tc.mhc_recompute_block < 0:
+        raise ConfigError(f"train.mhc_recompute_block: expected >= 0 (0: the paper's optimum), got "
+                          f"{tc.mhc_recompute_block}")
+    if tc.mhc_recompute and (tc.compile or tc.cuda_graph):
+        other = "compile" if tc.compile else "cuda_graph"
+        raise ConfigError(f"train.mhc_recompute: cannot be combined with train.{other} (its saved-tensor hooks "
+                          "run in eager autograd only)")
+
+
+def _scalar_fields(cls, prefix: str = "") -> list[tuple[str, type]]:
+    """[(dotted key, declared type)] of every scalar field of the dataclass ``cls``, nested sections included."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            out += _scalar_fields(f.type, f"{prefix}{f.name}.")
+        elif f.type in (int, float, bool, str):
+            out.append((f"{prefix}{f.name}", f.type))
+    return out
+
+
+def _check_types(data: dict) -> None:
+    """Reject values of a raw config mapping that the dataclass conversion would silently change.
+
+    A key given no value (``--data.path=``), an integer key given a fractional number
+    (``--model.dim=64.7``), a number key given a boolean, and any key given a list or mapping are
+    errors naming the key.
+    """
+    for key, ftype in _scalar_fields(RunConfig):
+        node = data
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is _MISSING:
+            continue
+        if node is None:
+            raise ConfigError(f"{key}: expected {_TYPE_NAMES[ftype]}, got no value")
+        if isinstance(node, (list, dict)):
+            raise ConfigError(f"{key}: expected a single value, got {node!r}")
+        if ftype in (int, float) and isinstance(node, bool):
+            raise ConfigError(f"{key}: expected a number, got {node!r}")
+        if ftype is int and isinstance(node, float) and not node.is_integer():
+            raise ConfigError(f"{key}: expected an integer, got {node!r}")
+
+
+_MISSING = object()
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 def _get(cfg: RunConfig, dotted: str):
@@ -172,6 +253,7 @@ def _deepcopy(d: Any) -> Any:
 
 def from_mapping(data: dict, where: str) -> RunConfig:
     """A validated RunConfig from a mapping; unknown keys raise ConfigError naming them."""
+    _check_types(data)
     cfg = dataclass_from_dict(RunConfig, data, where)
     validate(cfg)
     return cfg
@@ -184,7 +266,10 @@ def load_run_config(path: str | None, overrides: Sequence[str] = ()) -> RunConfi
     naming the file (and the command line when an override changed it); environment variables
     still win over it.
     """
-    data = load_yaml(path) if path else {}
+    try:
+        data = load_yaml(path) if path else {}
+    except ConfigError as e:
+        raise ConfigError(f"--config: {e}") from None
     parsed = parse_overrides(overrides)
     merged = apply_overrides(data, parsed)
     where = os.fspath(path) if path else "defaults"

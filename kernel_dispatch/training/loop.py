@@ -1,10 +1,13 @@
 """The training loop behind train.py: one process, or one rank of a torchrun job (DDP / FSDP2).
 
 :func:`train` builds everything from a :class:`RunConfig`, prints (rank 0 only) a start line
-naming the backend of every operator and where the choice came from, trains with a tqdm bar
-(loss, tokens/s), evaluates at ``eval_interval``, checkpoints, and writes ``loss.png`` and
-``summary.json`` into ``out_dir``. The learning rate is a function of the step and the data
-position is part of the checkpoint, so ``resume`` continues exactly.
+naming the backend of every operator and where the choice came from, trains with a progress
+display (loss, tokens/s; :mod:`.progress`), evaluates at ``eval_interval``, checkpoints, writes
+``loss.png`` and ``summary.json`` into ``out_dir`` and ends with a line listing every file it wrote.
+Everything that can make the run fail for its config or the machine (backends, ``out_dir``,
+memory, data, the checkpoint to resume) is checked before the first step and raised as a
+ConfigError. The learning rate is a function of the step and the data position is part of the
+checkpoint, so ``resume`` continues exactly.
 """
 from __future__ import annotations
 
@@ -22,12 +25,14 @@ from torch import nn
 from tqdm import tqdm
 
 from ..config import ConfigError
-from . import checkpoint, distributed
+from ..registry import BackendUnavailableError
+from . import checkpoint, distributed, resources
 from .config import RunConfig, to_dict
-from .data import ByteCorpus, ShardedSampler, eval_batches
+from .data import IGNORE, ByteCorpus, PackedSampler, ShardedSampler, eval_batches, packed_eval_batches
 from .graphed import GraphedStep
-from .model import LazyLM, backend_line, resolve_backends
+from .model import LazyLM, backend_line, recompute_block, resolve_backends
 from .plot import loss_curve
+from .progress import Progress
 
 
 @dataclass
@@ -58,7 +63,7 @@ def _autocast(cfg: RunConfig, device: torch.device):
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, reduction: str = "mean"):
     with _autocast(cfg, x.device):
         logits = model(x)
-    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction=reduction)
+    return F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction=reduction, ignore_index=IGNORE)
 
 
 def _check_cuda_graph(cfg: RunConfig, env: distributed.DistEnv) -> None:
@@ -66,6 +71,23 @@ def _check_cuda_graph(cfg: RunConfig, env: distributed.DistEnv) -> None:
         raise ConfigError(f"train.cuda_graph: needs a CUDA device, got {env.device.type}")
     if cfg.train.cuda_graph and env.distributed:
         raise ConfigError("train.cuda_graph: one process only (DDP and FSDP2 communicate inside the step)")
+
+
+def _check_machine(cfg: RunConfig, env: distributed.DistEnv, attention_backend: str) -> None:
+    """train.out_dir writable (rank 0 writes there) and the step's memory estimate within every rank's memory.
+
+    Collective: a problem found on any rank raises the same ConfigError on every rank.
+    """
+    try:
+        if env.is_main:
+            resources.check_out_dir(cfg.train.out_dir)
+        resources.check_memory(cfg, env.device, attention_backend)
+        problem = None
+    except ConfigError as e:
+        problem = str(e)
+    problems = [p for p in distributed.gather_objects(problem, env) if p]
+    if problems:
+        raise ConfigError(problems[0])
 
 
 @torch.no_grad()
@@ -76,7 +98,7 @@ def evaluate(model: nn.Module, batches: list, cfg: RunConfig, env: distributed.D
     total, count = 0.0, 0
     for x, y in batches:
         total += _loss(model, x.to(env.device), y.to(env.device), cfg, reduction="sum").item()
-        count += y.numel()
+        count += int((y != IGNORE).sum())
     model.train(was_training)
     total, count = distributed.sum_over_ranks([total, float(count)], env)
     return total / count
@@ -109,18 +131,32 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
     if tc.threads:
         torch.set_num_threads(tc.threads)
     out_dir = Path(tc.out_dir)
+    try:
+        resolutions = resolve_backends(cfg.model, dev, act_dtype, packed=cfg.data.pack)
+    except BackendUnavailableError as e:
+        raise ConfigError(f"backend: {e}") from None
+    _check_machine(cfg, env, resolutions[0].forward)
 
     torch.manual_seed(tc.seed)
     corpus = ByteCorpus(cfg.data.path, cfg.data.val_fraction, cfg.data.seq_len)
-    sampler = ShardedSampler(corpus.train, cfg.data.seq_len, tc.batch_size, tc.seed, env.rank, env.world)
     n_eval = -(-tc.eval_batches // env.world) * env.world  # equal count per rank (FSDP2 forwards are collective)
-    val = eval_batches(corpus.val, cfg.data.seq_len, tc.batch_size, n_eval, env.rank, env.world)
-    net = LazyLM(cfg.model, act_dtype).to(dev)
-    resolutions = resolve_backends(cfg.model, dev, act_dtype)
+    if cfg.data.pack:
+        sampler = PackedSampler(corpus.train, corpus.train_docs, cfg.data.seq_len, tc.batch_size, tc.seed,
+                                env.rank, env.world)
+        val = packed_eval_batches(corpus.val, corpus.val_docs, cfg.data.seq_len, tc.batch_size, n_eval, env.rank,
+                                  env.world)
+    else:
+        sampler = ShardedSampler(corpus.train, cfg.data.seq_len, tc.batch_size, tc.seed, env.rank, env.world)
+        val = eval_batches(corpus.val, cfg.data.seq_len, tc.batch_size, n_eval, env.rank, env.world)
+    mhc_recompute = recompute_block(cfg.model, tc.mhc_recompute_block) if tc.mhc_recompute else 0
+    net = LazyLM(cfg.model, act_dtype, mhc_recompute).to(dev)
     n_params = sum(p.numel() for p in net.parameters())
     where = f"{env.world} ranks ({'DDP' if tc.dist == 'ddp' else 'FSDP2'})" if env.distributed else "1 process"
+    data_line = f"{len(corpus.train):,} training bytes" + (
+        f" packed from {len(corpus.train_docs)} chapters" if cfg.data.pack else "")
+    recompute_line = f" | mHC recompute every {mhc_recompute} wrappers" if mhc_recompute else ""
     log(f"train: {config_name or 'config'} | {n_params:,} parameters | {dev.type} {tc.dtype} | {where} | "
-        f"{len(corpus.train):,} training bytes")
+        f"{data_line}{recompute_line}")
     log(backend_line(resolutions))
 
     model = distributed.wrap(net, env, tc.dist)
@@ -130,9 +166,7 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
     step = 0
     if resume:
         path = checkpoint.resolve_path(resume, tc.out_dir)
-        ckpt = checkpoint.load(path, model, optimizer, env)
-        if ckpt["config"]["model"] != to_dict(cfg)["model"]:
-            raise ConfigError(f"--resume: the model section of {path} differs from this config's")
+        ckpt = checkpoint.load(path, model, optimizer, env, to_dict(cfg))
         step, history = ckpt["step"], ckpt["history"]
         sampler.load_state_dict(ckpt["sampler"])
         log(f"resumed from {path} at step {step}")
@@ -141,14 +175,17 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
         history["eval"].append([0, loss0])
         log(f"step 0: eval loss {loss0:.4f}")
 
+    written: dict[str, Path] = {}  # file name -> path, in the order first written
+
     def save_checkpoint() -> None:
-        checkpoint.save(out_dir / checkpoint.FILENAME, model, optimizer, env, step=step, history=history,
-                        sampler=sampler.state_dict(), config=to_dict(cfg))
+        path = out_dir / checkpoint.FILENAME
+        checkpoint.save(path, model, optimizer, env, step=step, history=history, sampler=sampler.state_dict(),
+                        config=to_dict(cfg))
+        written.setdefault(path.name, path)
 
     tokens_per_step = tc.batch_size * cfg.data.seq_len * env.world
     timed_steps, timed_s, rate, first_step = 0, 0.0, 0.0, step
-    bar = tqdm(total=tc.max_steps, initial=step, unit="step", dynamic_ncols=True,
-               disable=not (env.is_main and tc.progress))
+    progress = Progress(tc.max_steps, step, env.is_main and tc.progress, tc.progress_interval)
     model.train()
     graphed = None  # with train.cuda_graph: captured after this process's first (eager) step
     while step < tc.max_steps:
@@ -176,20 +213,19 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
         if step > first_step + 1:  # this process's first step pays for compilation and warm-up
             timed_steps, timed_s = timed_steps + 1, timed_s + dt
         rate = tokens_per_step * timed_steps / timed_s if timed_s else tokens_per_step / dt
-        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
-        bar.update(1)
+        progress.update(step, loss_value, rate)
         if step % tc.eval_interval == 0 or step == tc.max_steps:
             eval_loss = evaluate(step_model, val, cfg, env)
             history["eval"].append([step, eval_loss])
             log(f"step {step}: eval loss {eval_loss:.4f} (train {loss_value:.4f}, {rate:,.0f} tokens/s)")
         if (tc.ckpt_interval and step % tc.ckpt_interval == 0) or step == tc.max_steps:
             save_checkpoint()
-    bar.close()
+    progress.close()
 
     summary = {
         "config": config_name, "steps": step, "world_size": env.world, "device": _device_name(dev),
         "dtype": tc.dtype, "dist": tc.dist if env.distributed else None, "compile": tc.compile,
-        "cuda_graph": tc.cuda_graph,
+        "cuda_graph": tc.cuda_graph, "pack": cfg.data.pack, "mhc_recompute": mhc_recompute,
         "backends": [str(r) for r in resolutions], "parameters": n_params,
         "initial_eval_loss": history["eval"][0][1] if history["eval"] else None,
         "final_eval_loss": history["eval"][-1][1] if history["eval"] else None,
@@ -197,16 +233,18 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
     }
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if tc.plot:
             try:
                 png = loss_curve(history, out_dir / "loss.png", f"{config_name} ({summary['device']})")
-                log(f"wrote {png}")
+                written[png.name] = png
             except ImportError as e:  # a finished run must not fail for want of a plotting library
                 log(f"no loss.png: {e}")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        written["summary.json"] = out_dir / "summary.json"
         first, last = summary["initial_eval_loss"], summary["final_eval_loss"]
         log(f"done: {step} steps, eval loss {first:.4f} -> {last:.4f}, {rate:,.0f} tokens/s, "
             f"{summary['wall_s']:.1f} s")
+        log("wrote " + ", ".join(str(p) for p in written.values()))
     return RunResult(net, history, summary)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from ...ops.lazy_attention import LazyAttentionCaps
 from ...ops.lazy_attention_varlen import VarlenCaps
+from ...ops.lazy_attention_with_kvcache import KVCacheCaps
 from ...ops.mhc_pre import MHCCaps
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -25,6 +26,10 @@ CAPABILITIES = {
                                         notes="the lazy attention kernels over a block table of (document, block), "
                                               "no padding; Hopper (sm_90a); fp32 and float64: no; non-contiguous "
                                               "inputs are copied"),
+    "lazy_attention_with_kvcache": KVCacheCaps(
+        devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
+        notes="Hopper (sm_90a) split-key decode: K by TMA once, partial LSEs, scores kept for the output pass when "
+              "they fit; non-contiguous caches are copied (keep them contiguous); no host read (CUDA-graph safe)"),
     "mhc_pre": MHCCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), n_streams=(4,), d_multiple=8,
                             notes="x fp16/bf16 only (fp32, float64: no); GEMMs on bf16 tensor cores, 2-piece split; "
                                   "first in auto: faster than Triton on the mHC block's fwd+bwd at every benchmarked "
@@ -38,7 +43,8 @@ CAPABILITIES = {
 # attention forward and fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are
 # named in the notes (lazy attention: one fwd+bwd at L=32768 by 0.7%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there.
-PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 30, "mhc_pre": 30, "mhc_post": 30}
+PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 30, "lazy_attention_with_kvcache": 30, "mhc_pre": 30,
+            "mhc_post": 30}
 
 
 def unavailable() -> str | None:

@@ -28,8 +28,8 @@ only. T, TP and R are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, Packing, Tiles, is_free_tile, one_key_probs_macro, score_macro,
-                                    store_rows_macro)
+from ._lazy_attention_tiles import (LOG2E, Packing, Tiles, is_free_tile, mask_of, one_key_probs_macro, relu,
+                                    score_macro, store_rows_macro)
 
 ROW_ALIGN = 4  # LP, the row length of LSE, Delta and InvI, is a multiple of this (16 bytes of fp32)
 CONFIGS = {64: Tiles(block_m=64, block_n=128, threads=256, num_stages=2),
@@ -135,8 +135,8 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                 if is_free_tile(m0v, n0, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
                     for i, j in T.Parallel(BN, BM):
                         pT[i, j] = T.exp2(sT[i, j] * sc2 - lse_s[j] * LOG2E)
-                        aT_cast[i, j] = T.max(pT[i, j] + tau * inv_s[j], T.float32(0))
-                        dpT[i, j] = T.if_then_else(pT[i, j] + tau * inv_s[j] > 0, dpT[i, j], T.float32(0))
+                        aT_cast[i, j] = relu(pT[i, j] + tau * inv_s[j])
+                        dpT[i, j] = dpT[i, j] * mask_of(pT[i, j] + tau * inv_s[j] > 0)
                     for i, j in T.Parallel(BN, BM):
                         dsT_cast[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS
                 else:
@@ -147,8 +147,9 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                     for i, j in T.Parallel(BN, BM):
                         # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
                         keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
-                        aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))
-                        dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
+                        aT_cast[i, j] = T.if_then_else(sT[i, j] == -T.infinity(f32), T.float32(0),
+                                                       relu(pT[i, j] + tau * inv_s[j]))
+                        dpT[i, j] = dpT[i, j] * mask_of(keep)
                     for i, j in T.Parallel(BN, BM):
                         sT[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS, kept in fp32 for the dbias sums
                         dsT_cast[i, j] = sT[i, j]

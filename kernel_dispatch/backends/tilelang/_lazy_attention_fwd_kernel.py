@@ -37,7 +37,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
     fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
     pk = Packing(varlen)
-    tile, vec, grid_b, grid_m = pk.tile, pk.vec, *pk.grid(B, L, R, BM)
+    tile, vec, rows_end, grid_b, grid_m = pk.tile, pk.vec, pk.rows_end, *pk.grid(B, L, R, BM)
     q_shape, k_shape = ([TT, H, D], [TT, Hkv, D]) if varlen else ([B, H, L, D], [B, Hkv, L, D])
     lens_shape, lse_shape = ([R, 3], [H, TT]) if varlen else ([B], [B, H, L])
     store_o = store_rows_macro(BM, D)
@@ -75,7 +75,8 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             fill_table(table, Bias, by)
             T.copy(vec(LSE, Lens, bz, by, m0, m0 + BM), lse2)
             for i in T.Parallel(BM):
-                lse2[i] = lse2[i] * LOG2E
+                # rows past L (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
+                lse2[i] = T.if_then_else(m0 + i < rows_end(L, lb), lse2[i] * LOG2E, T.infinity(f32))
                 thr[i] = tau / T.Cast(f32, (m0 + i + 1) if causal else lb)
             T.clear(acc_o)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
@@ -95,7 +96,10 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                                                       T.float32(0))
                 T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):
-                acc_o[i, j] = T.if_then_else(m0 + i < lb, acc_o[i, j], T.float32(0))
+                # T.max above drops NaN; a row whose LSE or tau/i is NaN (a NaN score, bias or tau) is NaN, as
+                # golden's relu makes it
+                nan = lse2[i] + thr[i]
+                acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
             # Q is no longer read: its tile stages O for one TMA store
             T.copy(acc_o, Q_s)
             if varlen:

@@ -67,6 +67,11 @@ class Packing:
         """The first position of the CTA's block: ``fixed`` (from the grid) or the block table's."""
         return Lens[b, 2] if self.varlen else fixed
 
+    def rows_end(self, L, lb):
+        """Where the rows of a CTA's sequence end in memory: at L (fixed length; rows past it read as zeros) or
+        at its document's length lb (packed; the rows past it are the next document's)."""
+        return lb if self.varlen else L
+
 
 def store_rows_macro(R: int, C: int):
     """A macro ``store(dst, src, Lens, b, h, r0, lb)`` for packed documents: rows i < lb - r0 of shared tile
@@ -93,6 +98,22 @@ def store_vec_macro(R: int):
             if r0 + i < lb:
                 dst[h, Lens[b, 0] + r0 + i] = src[i]
     return store
+
+
+def relu(x):
+    """max(x, 0) keeping NaN, as golden's torch.relu does (``T.max`` becomes CUDA's fmaxf, which returns 0 for a
+    NaN): a NaN score, bias or tau poisons its row instead of vanishing."""
+    import tilelang.language as T
+
+    return T.Select(x < 0, T.float32(0), x)
+
+
+def mask_of(cond):
+    """1.0 where ``cond`` holds, else 0.0: dP = dA * Mk as a product, so a NaN dA stays NaN where Mk is 0 (golden's
+    dense product), which a select would drop."""
+    import tilelang.language as T
+
+    return T.if_then_else(cond, T.float32(1), T.float32(0))
 
 
 def is_free_tile(m0, n0, rows_q: int, cols_k: int, lb, w, mask_rows: bool):

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._autotune import INTERPRETED, autotune
-from ._lazy_attention_fwd import _bias_mask, _document, _launch_class, _one_key_rows, _query_regions, _valid
+from ._lazy_attention_fwd import _bias_mask, _document, _launch_class, _one_key_rows, _query_regions, _relu, _valid
 
 _C = triton.Config
 # dq: BLOCK query rows = keys per tile. BLOCK fixes the layout of the dbias partial sums, which the launcher
@@ -94,7 +94,7 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
         keep = (p + taui[:, None]) > 0
         if MASK:
             keep = keep & _valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
-        dpm = tl.where(keep, tl.dot(do, vt, input_precision=PREC), 0.0)
+        dpm = tl.dot(do, vt, input_precision=PREC) * keep.to(tl.float32)
         r_acc += tl.sum(dpm, 1)
         d_acc += tl.sum(p * dpm, 1)
     return r_acc, d_acc
@@ -114,7 +114,7 @@ def _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_k
             k = k.to(tl.float32)
             vt = vt.to(tl.float32)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse2[:, None])
-        dpm = tl.where(p + taui[:, None] > 0, tl.dot(do, vt, input_precision=PREC), 0.0)
+        dpm = tl.dot(do, vt, input_precision=PREC) * (p + taui[:, None] > 0).to(tl.float32)
         pdp = p * dpm
         r_acc += tl.sum(dpm, 1)
         d_acc += tl.sum(pdp, 1)
@@ -152,7 +152,7 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
         keep = (p + taui[:, None]) > 0
         if MASK:
             keep = keep & _valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
-        dp = tl.where(keep, tl.dot(do, vt, input_precision=PREC), 0.0)
+        dp = tl.dot(do, vt, input_precision=PREC) * keep.to(tl.float32)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
         if BIAS:
@@ -232,10 +232,11 @@ def lazy_attention_bwd_dq_kernel(
     if INTERPRETED:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
+    # rows past L get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
     if VARLEN:
-        lse2 = tl.load(lse_row + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(lse_row + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
     else:
-        lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     bias_row = Bias + h * stride_bh
@@ -264,6 +265,7 @@ def lazy_attention_bwd_dq_kernel(
     o_ptr = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     o = tl.load(o_ptr, mask=offs_m[:, None] < seq_len, other=0.0)
     d0 = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    d0 = tl.where(tl.abs(d0) < float("inf"), d0, 0.0)  # any row constant will do: not a NaN O row's
     x = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     y = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     x, y, r_acc, d_acc = _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_kn, stride_kd,
@@ -313,7 +315,7 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
         if INTERPRETED:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634  # as in dq
         delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
         if CAUSAL:
             taui = tau / (offs_m + 1).to(tl.float32)
@@ -326,11 +328,13 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
             pt = _one_key_rows(pt, offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
         shifted = pt + taui[None, :]
         keep = shifted > 0
+        at = _relu(shifted)
         if MASK:
-            keep = keep & _valid(offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
-        at = tl.where(keep, shifted, 0.0)
+            valid = _valid(offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
+            keep = keep & valid
+            at = tl.where(valid, at, 0.0)
         dv = tl.dot(at.to(do.dtype), do, dv, input_precision=PREC)
-        dpt = tl.where(keep, tl.dot(v, tl.trans(do), input_precision=PREC), 0.0)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC) * keep.to(tl.float32)
         dst = pt * (dpt - delta[None, :])
         dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PREC)
     return dk, dv

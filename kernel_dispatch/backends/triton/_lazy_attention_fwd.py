@@ -99,6 +99,12 @@ def _bias_mask(s, m_idx, n_idx, bias_row, stride_bw, W, kv_len, CAUSAL: tl.const
 
 
 @triton.jit
+def _relu(x):
+    """max(x, 0) keeping NaN (a NaN score, bias or tau poisons its row, as golden's torch.relu does)."""
+    return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _valid(m_idx, n_idx, kv_len, CAUSAL: tl.constexpr):
     """Key n is visible to query m: n < kv_len (and n <= m when causal)."""
     ok = n_idx < kv_len
@@ -193,7 +199,7 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
         p = tl.math.exp2(s - lse2[:, None])
         if MASK:
             p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
-        a = tl.maximum(p + taui[:, None], 0.0)
+        a = _relu(p + taui[:, None])
         if MASK:  # tau > 0 would otherwise leak onto masked keys
             a = tl.where(_valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL), a, 0.0)
         acc = tl.dot(a.to(v.dtype), v, acc, input_precision=PREC)
