@@ -4,12 +4,13 @@
     python3 scripts/generated_code.py --compare A B
 
 The first form compiles every shipped Triton kernel configuration for ``GPUTarget("cuda", 90, 32)`` (the specs the
-compile tests build: lazy attention fwd/dq/dkdv at every head dim, dtype, causal or not and autotune config; the
-mHC kernels at every x dtype and stream count and config) and writes its PTX to ``OUT_DIR/triton/<id>.ptx``;
-it lowers every shipped TileLang kernel (``kernel_dispatch.testing.tilelang_build.shipped_kernels``) to CUDA
-source for sm_90a in ``OUT_DIR/tilelang/<id>.cu``; and it writes ``OUT_DIR/manifest.json``, {id: sha256 of the
-file}. No GPU is needed. ``--compare`` takes two such directories (or their manifest.json files), lists the
-kernels whose code differs or that only one side has, and exits 1 if there are any.
+compile tests build: lazy attention fwd/dq/dkdv at every head dim, dtype, causal or not, fixed-length or packed
+(varlen: ids with ``-varlen``) and autotune config; the mHC kernels at every x dtype and stream count and
+config) and writes its PTX to ``OUT_DIR/triton/<id>.ptx``; it lowers every shipped TileLang kernel
+(``kernel_dispatch.testing.tilelang_build.shipped_kernels``) to CUDA source for sm_90a in
+``OUT_DIR/tilelang/<id>.cu``; and it writes ``OUT_DIR/manifest.json``, {id: sha256 of the file}. No GPU is
+needed. ``--compare`` takes two such directories (or their manifest.json files), lists the kernels whose code
+differs or that only one side has, and exits 1 if there are any.
 
 PTX is normalised before it is written: the ``.loc`` line directives, the ``$L__tmp`` labels that only the
 debug information refers to, and everything from the first ``.file`` directive on (the file paths and the
@@ -68,7 +69,7 @@ def _triton_specs() -> dict:
 
     specs = {}
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    groups = [("attn", lazy_attention_specs(causal=(True, False))),
+    groups = [("attn", lazy_attention_specs(causal=(True, False), varlen=(False, True))),
               ("mhc_pre", mhc_pre_specs(dtypes=dtypes, ns=(1, 2, 4, 8))),
               ("mhc_post", mhc_post_specs(dtypes=dtypes, ns=(1, 2, 4, 8)))]
     for prefix, group in groups:

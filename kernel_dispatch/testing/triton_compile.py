@@ -80,12 +80,21 @@ def _jit_fn(kernel):
     return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
 
 
-def lazy_attention_specs(head_dims=None, dtypes=None, causal=(True,)) -> Iterator[dict]:
-    """Every shipped (kernel, config) of Triton lazy attention (default: every head dim and dtype)."""
+def lazy_attention_specs(head_dims=None, dtypes=None, causal=(True,), varlen=(False,)) -> Iterator[dict]:
+    """Every shipped (kernel, config) of Triton lazy attention (default: every head dim and dtype, fixed length).
+
+    ``varlen=(True,)`` gives the packed-document variants (lazy_attention_varlen: ``VARLEN`` on, cu_seqlens int32
+    in ``Lens``, T not a multiple of 16); their ids hold ``-varlen``.
+    """
     from ..backends.triton import lazy_attention as tk
 
     head_dims = tk.HEAD_DIMS if head_dims is None else head_dims
     dtypes = tk.DTYPES if dtypes is None else dtypes
+    for vl in varlen:
+        yield from _lazy_attention_specs(tk, head_dims, dtypes, causal, vl)
+
+
+def _lazy_attention_specs(tk, head_dims, dtypes, causal, vl: bool) -> Iterator[dict]:
     for name, kernel in tk.KERNELS.items():
         fn = _jit_fn(kernel)
         for dt in dtypes:
@@ -97,7 +106,7 @@ def lazy_attention_specs(head_dims=None, dtypes=None, causal=(True,)) -> Iterato
                             if arg in ("Q", "K", "V", "DO", "O", "DQ", "DK", "DV"):
                                 sig[arg] = "*" + _TL_DTYPE[dt]
                             elif arg == "Lens":
-                                sig[arg] = "*i64"
+                                sig[arg] = "*i32" if vl else "*i64"
                             elif arg in ("Bias", "Tau", "LSE", "DELTA", "DTAU_PART", "DB_PART"):
                                 sig[arg] = "*fp32"
                             elif arg in ("qk_scale", "sm_scale"):
@@ -107,13 +116,13 @@ def lazy_attention_specs(head_dims=None, dtypes=None, causal=(True,)) -> Iterato
                             elif arg.startswith("stride") or arg in ("H", "HKV", "L", "W", "GROUPS", "NSEG",
                                                                       "SEG_OFF", "BH_OFF", "L_CLASS"):
                                 sig[arg] = "i32"
-                                if arg.startswith("stride") or arg == "L":
+                                if arg.startswith("stride") or (arg == "L" and not vl):
                                     div.append(arg)
                         const.update(c.kwargs)
-                        const.update(CAUSAL=cz, HAS_LENS=True, HEAD_DIM=d,
+                        const.update(CAUSAL=cz, HAS_LENS=not vl, VARLEN=vl, HEAD_DIM=d,
                                      PREC="ieee" if dt == torch.float32 else "tf32")
                         blocks = "x".join(str(v) for v in c.kwargs.values())
-                        group = f"{name}-{_TL_DTYPE[dt]}-d{d}-{'causal' if cz else 'full'}"
+                        group = f"{name}-{_TL_DTYPE[dt]}-d{d}-{'causal' if cz else 'full'}" + ("-varlen" if vl else "")
                         yield {"id": f"{group}-{blocks}-w{c.num_warps}s{c.num_stages}", "group": group,
                                "fn": fn, "signature": sig, "constexprs": const, "num_warps": c.num_warps,
                                "num_stages": c.num_stages, "divisible": div}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...ops.lazy_attention import LazyAttentionCaps
+from ...ops.lazy_attention_varlen import VarlenCaps
 from ...ops.lazy_attention_with_kvcache import KVCacheCaps
 from ...ops.mhc_pre import MHCCaps
 
@@ -20,6 +21,11 @@ CAPABILITIES = {
                                          "auto: faster than Triton on every benchmarked forward and fwd+bwd (H100) "
                                          "but one fwd+bwd, L=32768, D=64, a tie within run-to-run noise (30.71 vs "
                                          "30.51 ms; 30.72 vs 31.26 in the run before)"),
+    "lazy_attention_varlen": VarlenCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
+                                        head_dims=(64, 128),
+                                        notes="the lazy attention kernels over a block table of (document, block), "
+                                              "no padding; Hopper (sm_90a); fp32 and float64: no; non-contiguous "
+                                              "inputs are copied"),
     "lazy_attention_with_kvcache": KVCacheCaps(
         devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
         notes="Hopper (sm_90a) split-key decode: K by TMA once, partial LSEs, scores kept for the output pass when "
@@ -37,7 +43,8 @@ CAPABILITIES = {
 # attention forward and fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are
 # named in the notes (lazy attention: one fwd+bwd at L=32768 by 0.7%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there.
-PRIORITY = {"lazy_attention": 30, "lazy_attention_with_kvcache": 30, "mhc_pre": 30, "mhc_post": 30}
+PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 30, "lazy_attention_with_kvcache": 30, "mhc_pre": 30,
+            "mhc_post": 30}
 
 
 def unavailable() -> str | None:

@@ -19,13 +19,18 @@ would leave a rounding of (tau dA) k, get dQ = 0 exactly.
 Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H] fp32;
 Lens [B] int32; LSE, D0 [B, H, LP] fp32 (LP >= L). Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched),
 dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
+
+``varlen`` (packed documents, SPEC section 4): Q, dO, dQ [T, H, D], K, V [T, Hkv, D], LSE, D0, Delta, Rdiv [H, TP]
+(TP >= T), Lens the block table [R, 3] (see ``Packing``), grid (H, R, 1); rows are written within each document
+only. T, TP and R are symbolic.
 """
 
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
-                                    is_one_key_row, key_blocks, one_key_rows_macro, row_block, score_macro)
+from ._lazy_attention_tiles import (LOG2E, Packing, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    is_one_key_row, key_blocks, mask_of, one_key_rows_macro, row_block, score_macro,
+                                    store_rows_macro, store_vec_macro)
 
 # 64-key tiles keep the two fp32 accumulators (X, Y) in registers
 CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
@@ -33,7 +38,7 @@ CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = False):
     """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, D0, Delta,
     Rdiv, dQ, scale."""
     import_tilelang()
@@ -41,28 +46,33 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
 
     D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
-    B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
+    B, H, Hkv, L, LP, W, TT, R = T.dynamic("B, H, Hkv, L, LP, W, TT, R")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
     fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
+    pk = Packing(varlen)
+    tile, vec, grid_b, grid_m = pk.tile, pk.vec, *pk.grid(B, L, R, BM)
+    q_shape, k_shape = ([TT, H, D], [TT, Hkv, D]) if varlen else ([B, H, L, D], [B, Hkv, L, D])
+    lens_shape, row_shape = ([R, 3], [H, LP]) if varlen else ([B], [B, H, LP])
+    store_rows, store_vec = store_rows_macro(BM, D), store_vec_macro(BM)
 
     @T.prim_func
     def lazy_attention_bwd_dq_delta(
-        Q: T.Tensor([B, H, L, D], dtype),
-        K: T.Tensor([B, Hkv, L, D], dtype),
-        V: T.Tensor([B, Hkv, L, D], dtype),
-        dO: T.Tensor([B, H, L, D], dtype),
+        Q: T.Tensor(q_shape, dtype),
+        K: T.Tensor(k_shape, dtype),
+        V: T.Tensor(k_shape, dtype),
+        dO: T.Tensor(q_shape, dtype),
         Bias: T.Tensor([H, W], f32),
         Tau: T.Tensor([H], f32),
-        Lens: T.Tensor([B], "int32"),
-        LSE: T.Tensor([B, H, LP], f32),
-        D0: T.Tensor([B, H, LP], f32),
-        Delta: T.Tensor([B, H, LP], f32),
-        Rdiv: T.Tensor([B, H, LP], f32),
-        dQ: T.Tensor([B, H, L, D], dtype),
+        Lens: T.Tensor(lens_shape, "int32"),
+        LSE: T.Tensor(row_shape, f32),
+        D0: T.Tensor(row_shape, f32),
+        Delta: T.Tensor(row_shape, f32),
+        Rdiv: T.Tensor(row_shape, f32),
+        dQ: T.Tensor(q_shape, dtype),
         scale: T.float32,
     ):
-        with T.Kernel(H, B, T.ceildiv(L, BM), threads=threads) as (by, bz, bx):
+        with T.Kernel(H, grid_b, grid_m, threads=threads) as (by, bz, bx):
             Q_s = T.alloc_shared([BM, D], dtype)
             dO_s = T.alloc_shared([BM, D], dtype)
             K_s = T.alloc_shared([BN, D], dtype)
@@ -84,40 +94,41 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
             tmp = T.alloc_fragment([BM], f32)
 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
-            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal)
+            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal, pk)
             tau = Tau[by]
             sc2 = scale * LOG2E
             n_blocks = key_blocks(m0, lb, BM, BN, causal)
 
-            T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
+            T.copy(tile(Q, Lens, bz, by, m0, m0 + BM), Q_s)
             fill_table(table, Bias, by)
-            T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)
-            T.copy(LSE[bz, by, m0:m0 + BM], lse2)
-            T.copy(D0[bz, by, m0:m0 + BM], d0)
+            T.copy(tile(dO, Lens, bz, by, m0, m0 + BM), dO_s)
+            T.copy(vec(LSE, Lens, bz, by, m0, m0 + BM), lse2)
+            T.copy(vec(D0, Lens, bz, by, m0, m0 + BM), d0)
             for i in T.Parallel(BM):
                 lse2[i] = lse2[i] * LOG2E
                 inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
                 thr[i] = tau * inv_i[i]
+                d0[i] = T.if_then_else(T.isfinite(d0[i]), d0[i], T.float32(0))  # any row constant will do
             T.fill(r_acc, 0)
             T.fill(d_acc, 0)
             T.clear(acc_x)
             T.clear(acc_y)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
-                T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
-                T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
+                T.copy(tile(K, Lens, bz, hk, k * BN, (k + 1) * BN), K_s)
+                T.copy(tile(V, Lens, bz, hk, k * BN, (k + 1) * BN), V_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
                     for i, j in T.Parallel(BM, BN):
                         s[i, j] = T.exp2(s[i, j] * sc2 - lse2[i])
-                        dp[i, j] = T.if_then_else(s[i, j] + thr[i] > 0, dp[i, j], T.float32(0))
+                        dp[i, j] = dp[i, j] * mask_of(s[i, j] + thr[i] > 0)
                 else:
                     scores(s, m0, k * BN, lb, sc2, Bias, by, table)
                     one_key_rows(s, lse2, m0, k * BN, lb, tmp)
                     for i, j in T.Parallel(BM, BN):
                         # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
-                        dp[i, j] = T.if_then_else(T.And(s[i, j] > -T.infinity(f32), T.exp2(s[i, j] - lse2[i]) + thr[i] > 0),
-                                                  dp[i, j], T.float32(0))
+                        dp[i, j] = dp[i, j] * mask_of(T.And(s[i, j] > -T.infinity(f32),
+                                                            T.exp2(s[i, j] - lse2[i]) + thr[i] > 0))
                         s[i, j] = T.exp2(s[i, j] - lse2[i])
                 T.reduce_sum(dp, r_blk, dim=1)
                 for i, j in T.Parallel(BM, BN):
@@ -131,14 +142,22 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                 T.gemm(g_cast, K_s, acc_x, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(p_cast, K_s, acc_y, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):
-                # a row with one visible key has dS = 0 exactly; X and (Delta - D0) Y would leave a rounding
-                one = is_one_key_row(m0 + i, lb, causal)
+                # a row with one visible key has dS = 0 exactly; X and (Delta - D0) Y would leave a rounding (unless
+                # the row is NaN)
+                one = T.And(is_one_key_row(m0 + i, lb, causal), T.isfinite(d_acc[i]))
                 acc_x[i, j] = T.if_then_else(one, T.float32(0), (acc_x[i, j] - (d_acc[i] - d0[i]) * acc_y[i, j]) * scale)
             for i in T.Parallel(BM):
                 r_acc[i] = r_acc[i] * inv_i[i]
-            T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
-            T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
+            if varlen:
+                store_vec(Delta, d_acc, Lens, bz, by, m0, lb)
+                store_vec(Rdiv, r_acc, Lens, bz, by, m0, lb)
+            else:
+                T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
+                T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
             T.copy(acc_x, Q_s)  # Q is no longer read: its tile stages dQ for one TMA store
-            T.copy(Q_s, dQ[bz, by, m0:m0 + BM, :])
+            if varlen:
+                store_rows(dQ, Q_s, Lens, bz, by, m0, lb)
+            else:
+                T.copy(Q_s, dQ[bz, by, m0:m0 + BM, :])
 
     return lazy_attention_bwd_dq_delta

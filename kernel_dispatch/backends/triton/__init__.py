@@ -10,6 +10,7 @@ import os
 import torch
 
 from ...ops.lazy_attention import LazyAttentionCaps
+from ...ops.lazy_attention_varlen import VarlenCaps
 from ...ops.lazy_attention_with_kvcache import KVCacheCaps
 from ...ops.mhc_pre import MHCCaps
 from ._fit import unfit_reason
@@ -23,6 +24,11 @@ CAPABILITIES = {
                                    head_dims=(16, 32, 64, 128),
                                    notes="two key sweeps; backward without atomics (bitwise deterministic); "
                                          "fp32 dots in IEEE fp32; no float64"),
+    "lazy_attention_varlen": VarlenCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES,
+                                        head_dims=(16, 32, 64, 128),
+                                        notes="the lazy attention kernels over (document, block) programs, no "
+                                              "padding; backward without atomics (bitwise deterministic); no "
+                                              "float64"),
     "lazy_attention_with_kvcache": KVCacheCaps(
         devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, head_dims=(16, 32, 64, 128),
         notes="split-key decode (flash-decoding): partial LSEs, scores kept for the output pass when they fit, one "
@@ -33,7 +39,8 @@ CAPABILITIES = {
     "mhc_post": MHCCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
                              d_multiple=8, notes="single streaming pass each way, no atomics; no float64"),
 }
-PRIORITY = {"lazy_attention": 20, "lazy_attention_with_kvcache": 20, "mhc_pre": 20, "mhc_post": 20}
+PRIORITY = {"lazy_attention": 20, "lazy_attention_varlen": 20, "lazy_attention_with_kvcache": 20, "mhc_pre": 20,
+            "mhc_post": 20}
 
 
 def extra_reasons(op: str, meta: dict) -> list[str]:

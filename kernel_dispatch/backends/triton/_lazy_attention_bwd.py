@@ -19,6 +19,11 @@ segment kk (d = kk*BLOCK + j) holds ds[r, r - j] for j <= r, segment kk - 1 hold
 for j > r. One ``tl.gather`` with column index (r - j) mod BLOCK gives both. Consecutive tiles
 of a program share a segment; the shared half is carried in registers so each program writes each
 segment once.
+
+Packed documents (``VARLEN``, SPEC section 4) as in the forward kernel (``b`` is a document's first token, ``L``
+is T, programs past their document's end exit). The dq programs of a document d write their dtau and dbias
+partials to rows d + cu[d] // BLOCK + pid_m, one row per (document, query block) and fewer than
+N + cdiv(T, BLOCK) in all (zero rows where no program writes), so the launcher sums them in a fixed order.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._autotune import INTERPRETED, autotune
-from ._lazy_attention_fwd import _bias_mask, _launch_class, _one_key_rows, _query_regions, _relu, _valid
+from ._lazy_attention_fwd import _bias_mask, _document, _launch_class, _one_key_rows, _query_regions, _relu, _valid
 
 _C = triton.Config
 # dq: BLOCK query rows = keys per tile. BLOCK fixes the layout of the dbias partial sums, which the launcher
@@ -164,7 +169,7 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
     return dq, carry, carry_seg
 
 
-@autotune(DQ_CONFIGS, DQ_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS"], class_of=_launch_class)
+@autotune(DQ_CONFIGS, DQ_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS", "VARLEN"], class_of=_launch_class)
 @triton.jit
 def lazy_attention_bwd_dq_kernel(
         Q, K, V, Bias, Tau, Lens, DO, O, LSE, DQ, DELTA, DTAU_PART, DB_PART,
@@ -176,27 +181,50 @@ def lazy_attention_bwd_dq_kernel(
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale, sm_scale, NSEG, SEG_OFF, BH_OFF,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-        PREC: tl.constexpr, L_CLASS):
+        PREC: tl.constexpr, L_CLASS, VARLEN: tl.constexpr = False):
     """Grid (cdiv(L, BLOCK), n_bh) over (b, h) pairs BH_OFF ... BH_OFF + n_bh - 1 (b * H + h).
 
     Writes DQ [B, H, L, D] (contiguous), DELTA [B*H, L], DTAU_PART [B*H, n_blocks] and
     DB_PART [n_bh, n_blocks, NSEG, BLOCK] (diagonal sums of dS, segment s holding
     d = (s - SEG_OFF) * BLOCK + j; slots not written must be zero).
+
+    VARLEN: grid (N, cdiv(max_seqlen, BLOCK), n_h) over heads BH_OFF ... BH_OFF + n_h - 1; writes DQ [T, H, D]
+    (contiguous), DELTA [H, T], DTAU_PART [H, R] and DB_PART [n_h, R, NSEG, BLOCK], R = N + cdiv(T, BLOCK) rows
+    (see the module doc).
     """
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    start_m = pid_m * BLOCK
-    bh = tl.program_id(1) + BH_OFF
-    b = bh // H
-    h = bh % H
-    hk = h // GROUPS
-    if HAS_LENS:
-        seq_len = tl.load(Lens + b).to(tl.int32)
+    if VARLEN:
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        start_m = pid_m * BLOCK
+        h = tl.program_id(2) + BH_OFF
+        b, seq_len = _document(Lens, tl.program_id(0))
+        if start_m >= seq_len:
+            return
+        hk = h // GROUPS
+        row = tl.program_id(0) + b // BLOCK + pid_m
+        n_rows = tl.num_programs(0) + tl.cdiv(L, BLOCK)
+        h64 = h.to(tl.int64)
+        lse_row = LSE + h64 * L + b
+        delta_row = DELTA + h64 * L + b
+        dtau_slot = DTAU_PART + h64 * n_rows + row
+        db_row = DB_PART + (tl.program_id(2).to(tl.int64) * n_rows + row) * NSEG * BLOCK
+        dq_base = DQ + b.to(tl.int64) * H * HEAD_DIM + h * HEAD_DIM
+        L = seq_len
     else:
-        seq_len = L
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        start_m = pid_m * BLOCK
+        bh = tl.program_id(1) + BH_OFF
+        b = bh // H
+        h = bh % H
+        hk = h // GROUPS
+        if HAS_LENS:
+            seq_len = tl.load(Lens + b).to(tl.int32)
+        else:
+            seq_len = L
     offs_m = start_m + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     b64 = b.to(tl.int64)
-    bh64 = bh.to(tl.int64)
+    if not VARLEN:
+        bh64 = bh.to(tl.int64)
     q_ptr = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
     do_ptr = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
@@ -205,7 +233,10 @@ def lazy_attention_bwd_dq_kernel(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     # rows past L get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
-    lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
+    if VARLEN:
+        lse2 = tl.load(lse_row + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
+    else:
+        lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     bias_row = Bias + h * stride_bh
@@ -239,10 +270,14 @@ def lazy_attention_bwd_dq_kernel(
     y = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     x, y, r_acc, d_acc = _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_kn, stride_kd,
                                   stride_vn, stride_vd, 0, band, qk_scale, HEAD_DIM, BLOCK, PREC)
-    tl.store(DELTA + bh64 * L + offs_m, d_acc, mask=offs_m < L)
-    tl.store(DTAU_PART + bh64 * tl.num_programs(0) + pid_m, tl.sum(r_acc * inv_i, 0))
+    if VARLEN:
+        tl.store(delta_row + offs_m, d_acc, mask=offs_m < L)
+        tl.store(dtau_slot, tl.sum(r_acc * inv_i, 0))
+    else:
+        tl.store(DELTA + bh64 * L + offs_m, d_acc, mask=offs_m < L)
+        tl.store(DTAU_PART + bh64 * tl.num_programs(0) + pid_m, tl.sum(r_acc * inv_i, 0))
 
-    db_row = DB_PART + (tl.program_id(1).to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG * BLOCK
+        db_row = DB_PART + (tl.program_id(1).to(tl.int64) * tl.num_programs(0) + pid_m) * NSEG * BLOCK
     dq = x - (d_acc - d0)[:, None] * y
     carry = tl.zeros([BLOCK], dtype=tl.float32)
     carry_seg = start_m * 0 - 1
@@ -257,7 +292,10 @@ def lazy_attention_bwd_dq_kernel(
     offs_j = tl.arange(0, BLOCK)
     seg_j = offs_j * 0 + carry_seg
     tl.store(db_row + carry_seg * BLOCK + offs_j, carry, mask=(seg_j >= 0) & (seg_j < NSEG))
-    dq_ptr = DQ + bh64 * L * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    if VARLEN:
+        dq_ptr = dq_base + offs_m[:, None] * H * HEAD_DIM + offs_d[None, :]
+    else:
+        dq_ptr = DQ + bh64 * L * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < L)
 
 
@@ -302,7 +340,7 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
     return dk, dv
 
 
-@autotune(DKDV_CONFIGS, DKDV_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS"], class_of=_launch_class)
+@autotune(DKDV_CONFIGS, DKDV_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS", "VARLEN"], class_of=_launch_class)
 @triton.jit
 def lazy_attention_bwd_dkdv_kernel(
         Q, K, V, Bias, Tau, Lens, DO, LSE, DELTA, DK, DV,
@@ -313,16 +351,28 @@ def lazy_attention_bwd_dkdv_kernel(
         stride_bh, stride_bw, stride_tau,
         H, HKV, L, W, GROUPS, qk_scale, sm_scale,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, PREC: tl.constexpr, L_CLASS):
-    """Grid (cdiv(L, BLOCK_N), B * Hkv). Writes DK, DV [B, Hkv, L, D] (contiguous), zero for padded keys."""
-    start_n = tl.program_id(0) * BLOCK_N
-    bhk = tl.program_id(1)
-    b = bhk // HKV
-    hk = bhk % HKV
-    if HAS_LENS:
-        seq_len = tl.load(Lens + b).to(tl.int32)
+        BLOCK_N: tl.constexpr, PREC: tl.constexpr, L_CLASS, VARLEN: tl.constexpr = False):
+    """Grid (cdiv(L, BLOCK_N), B * Hkv). Writes DK, DV [B, Hkv, L, D] (contiguous), zero for padded keys.
+
+    VARLEN: grid (N, cdiv(max_seqlen, BLOCK_N), Hkv); reads LSE, DELTA [H, T]; writes DK, DV [T, Hkv, D].
+    """
+    if VARLEN:
+        start_n = tl.program_id(1) * BLOCK_N
+        hk = tl.program_id(2)
+        b, seq_len = _document(Lens, tl.program_id(0))
+        if start_n >= seq_len:
+            return
+        T = L
+        L = seq_len
     else:
-        seq_len = L
+        start_n = tl.program_id(0) * BLOCK_N
+        bhk = tl.program_id(1)
+        b = bhk // HKV
+        hk = bhk % HKV
+        if HAS_LENS:
+            seq_len = tl.load(Lens + b).to(tl.int32)
+        else:
+            seq_len = L
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     b64 = b.to(tl.int64)
@@ -359,11 +409,16 @@ def lazy_attention_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for g in range(0, GROUPS):
         h = hk * GROUPS + g
-        bh64 = b64 * H + h
+        if not VARLEN:
+            bh64 = b64 * H + h
         q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
         do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh
-        lse_base = LSE + bh64 * L
-        delta_base = DELTA + bh64 * L
+        if VARLEN:
+            lse_base = LSE + h.to(tl.int64) * T + b64
+            delta_base = DELTA + h.to(tl.int64) * T + b64
+        else:
+            lse_base = LSE + bh64 * L
+            delta_base = DELTA + bh64 * L
         bias_row = Bias + h * stride_bh
         tau = tl.load(Tau + h * stride_tau)
         dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
@@ -378,6 +433,9 @@ def lazy_attention_bwd_dkdv_kernel(
         dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
                            stride_dod, bias_row, stride_bw, tau, offs_n, hi, end, W, seq_len, L, qk_scale, CAUSAL,
                            False, False, HEAD_DIM, BLOCK_M, PREC)
-    out = bhk.to(tl.int64) * L * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    if VARLEN:
+        out = (b64 * HKV + hk) * HEAD_DIM + offs_n[:, None] * HKV * HEAD_DIM + offs_d[None, :]
+    else:
+        out = bhk.to(tl.int64) * L * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < L)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < L)

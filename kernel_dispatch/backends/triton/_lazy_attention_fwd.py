@@ -4,6 +4,10 @@ Layout: q [B, H, L, D]; k, v [B, Hkv, L, D] (any strides); the bias as its :func
 fp32; tau [H] fp32; lengths [B] int or absent. Scores live in the log2 domain (S * log2(e)): the launcher passes
 ``qk_scale = scale * log2(e)``, and the table holds log2(e) * bias.
 
+Packed documents (``VARLEN``, SPEC section 4): q [T, H, D], k, v [T, Hkv, D], ``Lens`` holds cu_seqlens [N + 1] and
+``L`` is T. A document is a batch row whose length is its own and whose base is its first token: ``b`` becomes
+that token and the launcher passes the token stride as the batch stride. Programs past their document's end exit.
+
 One program owns BLOCK_M query rows of one (b, h). Key blocks fall in three regions:
 ``[0, band)`` far keys (no bias, no mask), ``[band, mask)`` keys within W (bias only),
 ``[mask, end)`` keys that need the causal or the padding mask (bias and mask). Keys past the
@@ -126,6 +130,13 @@ def _one_key_rows(p, m_idx, n_idx, kv_len, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _document(Cu, doc):
+    """(first token, length) of document ``doc`` of the cu_seqlens ``Cu``."""
+    start = tl.load(Cu + doc).to(tl.int32)
+    return start, tl.load(Cu + doc + 1).to(tl.int32) - start
+
+
+@triton.jit
 def _query_regions(start_m, seq_len, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(band, mask, end): key block starts splitting [0, end) into far / within-W / masked regions."""
     if CAUSAL:
@@ -195,7 +206,7 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
     return acc
 
 
-@autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS"], class_of=_launch_class)
+@autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS", "VARLEN"], class_of=_launch_class)
 @triton.jit
 def lazy_attention_fwd_kernel(
         Q, K, V, Bias, Tau, Lens, O, LSE,
@@ -206,17 +217,30 @@ def lazy_attention_fwd_kernel(
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr, L_CLASS):
-    """Grid (cdiv(L, BLOCK_M), B * H). Writes O [B, H, L, D] (every row) and LSE [B, H, L] (natural log)."""
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # longest causal rows first
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUPS
-    if HAS_LENS:
-        seq_len = tl.load(Lens + b).to(tl.int32)
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr, L_CLASS, VARLEN: tl.constexpr = False):
+    """Grid (cdiv(L, BLOCK_M), B * H). Writes O [B, H, L, D] (every row) and LSE [B, H, L] (natural log).
+
+    VARLEN: grid (N, cdiv(max_seqlen, BLOCK_M), H); writes O [T, H, D] and LSE [H, T].
+    """
+    if VARLEN:
+        start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M  # longest causal rows first
+        h = tl.program_id(2)
+        b, seq_len = _document(Lens, tl.program_id(0))
+        if start_m >= seq_len:
+            return
+        hk = h // GROUPS
+        lse_row = LSE + h.to(tl.int64) * L + b
+        L = seq_len
     else:
-        seq_len = L
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # longest causal rows first
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        hk = h // GROUPS
+        if HAS_LENS:
+            seq_len = tl.load(Lens + b).to(tl.int32)
+        else:
+            seq_len = L
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     b64 = b.to(tl.int64)
@@ -243,7 +267,10 @@ def lazy_attention_fwd_kernel(
     m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, mask, end, W,
                           seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N, PREC)
     lse2 = m_i + tl.math.log2(l_i)
-    tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
+    if VARLEN:
+        tl.store(lse_row + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
+    else:
+        tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
 
     # rows at or past lengths[b] are zero: a block of padded rows skips the second sweep
     end = tl.where(start_m < seq_len, end, 0)
