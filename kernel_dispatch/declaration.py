@@ -33,6 +33,8 @@ class Capabilities:
     devices: device types it runs on; auto_devices: where ``auto`` may pick it (None: ``devices``).
     deterministic: gradients are fixed-order reductions (bitwise reproducible).
     tf32: its fp32 GEMMs round their inputs to TF32 (the tolerance of the matrix then says so).
+    double_backward: its backward's gradients are differentiable (second-order gradients, create_graph=True);
+        where False, create_graph=True through the operator raises :class:`kernel_dispatch.DoubleBackwardError`.
     """
 
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -40,6 +42,7 @@ class Capabilities:
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     deterministic: bool = True
     tf32: bool = False
+    double_backward: bool = False
     notes: str = ""
 
     def why_not(self, meta: Mapping[str, Any]) -> list[str]:

@@ -6,9 +6,9 @@ from ..ops.lazy_attention import LazyAttentionCaps
 from ..ops.mhc_pre import MHCCaps
 
 CAPABILITIES = {
-    "lazy_attention": LazyAttentionCaps(notes="dense O(L^2) memory; the reference"),
-    "mhc_pre": MHCCaps(notes="the reference"),
-    "mhc_post": MHCCaps(notes="the reference"),
+    "lazy_attention": LazyAttentionCaps(double_backward=True, notes="dense O(L^2) memory; the reference"),
+    "mhc_pre": MHCCaps(double_backward=True, notes="the reference"),
+    "mhc_post": MHCCaps(double_backward=True, notes="the reference"),
 }
 PRIORITY = {"lazy_attention": 0, "mhc_pre": 0, "mhc_post": 0}
 

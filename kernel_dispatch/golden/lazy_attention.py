@@ -60,12 +60,18 @@ def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
 
 
 def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
-    """(dq, dk, dv, dbias, dtau) in the dtypes of (q, k, v, bias, tau); see SPEC section 1."""
+    """(dq, dk, dv, dbias, dtau) in the dtypes of (q, k, v, bias, tau); see SPEC section 1.
+
+    In grad mode (a backward run with create_graph=True) LSE is recomputed from the scores instead of read
+    from ``lse``, so that the gradients are differentiable functions of the inputs (second-order gradients).
+    """
     ct = compute_dtype(q)
     B, H, L, D = q.shape
     Hkv = k.shape[1]
     groups = H // Hkv
     s, valid, i, row_valid = _scores(q, k, bias, scale, lengths, causal, ct)
+    if torch.is_grad_enabled():
+        lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.to(ct)[..., None])
     shifted = p + tau.to(ct).view(1, -1, 1, 1) / i
     mk = (shifted > 0) & valid

@@ -7,7 +7,8 @@ baked into the graph) and the chosen names flow into the custom ops as strings.
 The autograd nodes reach the kernels through :func:`call_op`: the custom op while anything
 traces (torch.compile, fake tensors, functionalization, tensor subclasses), the same Python
 implementation directly in plain eager mode, where the dispatcher's wrapper (its autograd and
-aliasing checks) cost 60-200 us of host time per call on an H100 host.
+aliasing checks) cost 60-200 us of host time per call on an H100 host. Their backward goes through
+:func:`call_backward`, which decides whether a second-order gradient may pass.
 """
 from __future__ import annotations
 
@@ -48,6 +49,25 @@ def call_op(op: Callable, impl: Callable, *args: Any) -> Any:
         if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type == "meta"):
             return op(*args)
     return impl(*args)
+
+
+def call_backward(op: str, backend: str, custom: Callable, impl: Callable, *args: Any) -> Any:
+    """The backward of ``op`` on ``backend``, called from an autograd node's ``backward``.
+
+    With create_graph=True autograd runs ``backward`` in grad mode, and the gradients it returns must then be
+    differentiable. A backend that declares ``double_backward`` runs ``impl`` directly, so that autograd records
+    its torch operations; any other raises :class:`~kernel_dispatch.registry.DoubleBackwardError` (a kernel's
+    outputs carry no graph, and a golden backward that reads forward residuals as constants would be wrong).
+    Without create_graph this is :func:`call_op`.
+    """
+    if torch.is_grad_enabled():
+        if not registry.impl(op, backend).caps.double_backward:
+            able = [i.backend for i in registry.implementations(op) if i.caps.double_backward]
+            raise registry.DoubleBackwardError(
+                f"{op}: second-order gradients (create_graph=True) are not supported by the {backend!r} backward; "
+                f"backends whose backward supports them: {', '.join(able) or 'none'}")
+        return impl(*args)
+    return call_op(custom, impl, *args)
 
 
 def fmt_shape(t: torch.Tensor) -> str:

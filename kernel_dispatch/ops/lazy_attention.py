@@ -17,8 +17,8 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Capabilities, Fact, Operator, Tolerance, declare
-from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_same_device, check_shape, check_tensor,
-                        fmt_shape)
+from ._frontend import (PARAM_DTYPES, backend_pair, call_backward, call_op, check_float, check_same_device,
+                        check_shape, check_tensor, fmt_shape)
 
 OP = "lazy_attention"
 
@@ -102,8 +102,8 @@ class LazyAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, bias, tau, o, lse, lengths = ctx.saved_tensors
-        dq, dk, dv, dbias, dtau = call_op(lazy_attention_bwd, _bwd, do, q, k, v, bias, tau, o, lse, ctx.scale,
-                                          lengths, ctx.causal, ctx.bwd_backend)
+        dq, dk, dv, dbias, dtau = call_backward(OP, ctx.bwd_backend, lazy_attention_bwd, _bwd, do, q, k, v, bias,
+                                                tau, o, lse, ctx.scale, lengths, ctx.causal, ctx.bwd_backend)
         return dq, dk, dv, dbias, dtau, None, None, None, None, None
 
 

@@ -19,8 +19,8 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Capabilities, Fact, Operator, Tolerance, declare
-from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_positive_int, check_same_device,
-                        check_shape, check_tensor, fmt_shape)
+from ._frontend import (PARAM_DTYPES, backend_pair, call_backward, call_op, check_float, check_positive_int,
+                        check_same_device, check_shape, check_tensor, fmt_shape)
 
 OP = "mhc_pre"
 
@@ -129,8 +129,8 @@ class MHCPreFunction(torch.autograd.Function):
         dh_in = x.new_zeros(T, D) if dh_in is None else dh_in
         dh_post = z.new_zeros(T, n, dtype=ct) if dh_post is None else dh_post
         dh_res = z.new_zeros(T, n, n, dtype=ct) if dh_res is None else dh_res
-        dx, dphi, dalpha, dbias, dgamma = call_op(
-            mhc_pre_bwd, _bwd, dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp,
+        dx, dphi, dalpha, dbias, dgamma = call_backward(
+            OP, ctx.bwd_backend, mhc_pre_bwd, _bwd, dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp,
             ctx.bwd_backend, None if dx_res is None else dx_res.to(x.dtype))
         return dx, dphi, dalpha, dbias, (dgamma if gamma is not None else None), None, None, None, None
 
