@@ -12,6 +12,7 @@ aliasing checks) cost 60-200 us of host time per call on an H100 host. Their bac
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -109,8 +110,11 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
 
 
-def check_float(name: str, value: Any, *, positive: bool = False) -> None:
+def check_float(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> None:
+    """TypeError unless ``value`` is a Python number; ValueError naming ``name`` unless it is finite (and
+    ``>= minimum``, or ``> minimum`` when ``strict``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-    if positive and not value > 0:
-        raise ValueError(f"{name}: expected a positive float, got {value!r}")
+    bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum}"
+    if not math.isfinite(value) or (minimum is not None and (value <= minimum if strict else value < minimum)):
+        raise ValueError(f"{name}: expected a finite float{bound}, got {value!r}")

@@ -186,6 +186,12 @@ def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *
 
     Returns:
         O [B, H, L, D] in q's dtype, contiguous.
+
+    Non-finite tensor values are not checked (that would read the device); they propagate as in the golden
+    backend. A NaN or +inf score S[m, n] at a visible position (from q[m], k[n] or bias) makes output row m
+    non-finite and no other row; a -inf score acts as a masked key. NaN or +inf tau[h] makes every row of head h
+    non-finite. A non-finite v[n] reaches every row that sees key n. Padded positions (past lengths[b]) reach
+    nothing, whatever they hold: padded output rows and their gradients stay exactly zero.
     """
     validate(q, k, v, bias, tau, scale, lengths, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -92,6 +92,9 @@ def mhc_post(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, *, backend: An
 
     Returns:
         out [..., n, D] in x's dtype.
+
+    Non-finite tensor values are not checked; they propagate as in the golden backend: out[..., o, d] is
+    non-finite exactly where f[..., d], a stream x[..., i, d], h_post[..., o] or a weight h_res[..., i, o] is.
     """
     validate(f, x, h_post, h_res)
     lead, (n, D) = x.shape[:-2], x.shape[-2:]
