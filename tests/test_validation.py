@@ -46,35 +46,6 @@ def test_lazy_attention_bad_input(over, exc, words):
         assert w in str(e.value), (w, str(e.value))
 
 
-def test_lengths_read_once_per_tensor_and_version(monkeypatch):
-    """Checking lengths reads them on the host (a device wait on CUDA): once per tensor and in-place version, so
-    the layers sharing one lengths tensor wait once; an in-place change or a shorter L is still caught."""
-    reads = []
-    aminmax = torch.aminmax
-    monkeypatch.setattr(torch, "aminmax", lambda t: reads.append(1) or aminmax(t))
-    lengths = torch.tensor([6, 4])
-    attn(lengths=lengths)
-    attn(lengths=lengths)
-    assert len(reads) == 1
-    lengths[0] = 0
-    with pytest.raises(ValueError, match=r"lengths: .*min 0"):
-        attn(lengths=lengths)
-    assert len(reads) == 2
-    lengths[0] = 6
-    L5 = dict(q=torch.randn(2, 4, 5, 8), k=torch.randn(2, 2, 5, 8), v=torch.randn(2, 2, 5, 8))
-    attn(lengths=lengths)
-    with pytest.raises(ValueError, match=r"lengths: .*\[1, 5\].*max 6"):
-        attn(lengths=lengths, **L5)
-    assert len(reads) == 3
-    with torch.inference_mode():  # inference tensors have no version counter: read, and checked, every call
-        frozen = torch.tensor([6, 4])
-        attn(lengths=frozen)
-        frozen[0] = 7
-        with pytest.raises(ValueError, match=r"lengths: .*max 7"):
-            attn(lengths=frozen)
-    assert len(reads) == 5
-
-
 def test_lazy_attention_different_devices():
     meta = torch.zeros(4, device="meta")
     with pytest.raises(ValueError, match="tau: expected device cpu"):

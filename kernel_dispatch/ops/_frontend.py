@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import registry
+from ..declaration import RangeCheck
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 PARAM_DTYPES = (torch.float32, torch.float64)
@@ -69,6 +70,48 @@ def call_backward(op: str, backend: str, custom: Callable, impl: Callable, *args
                 f"backends whose backward supports them: {', '.join(able) or 'none'}")
         return impl(*args)
     return call_op(custom, impl, *args)
+
+
+def _plain_eager(t: torch.Tensor) -> bool:
+    """Real values a host read may see: not tracing, no dispatch mode, not capturing a CUDA graph."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    if type(t) not in _PLAIN or t.device.type == "meta":
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+_READ_WHOLE = 4096  # value tensors up to this many elements are copied whole to the host, larger ones reduced first
+
+
+def check_values(checks: Sequence[RangeCheck]) -> None:
+    """Evaluate data-dependent checks (see :class:`~kernel_dispatch.declaration.RangeCheck`).
+
+    Plain eager mode: each check's (min, max) is read on the host, every call (one device-to-host copy: on
+    CUDA the call waits for the work queued before it), and a violation is a ValueError naming the argument
+    and the values found. While torch.compile traces, a CUDA graph captures or the tensors are fake: the same
+    condition goes into the graph as ``torch._assert_async``, checked whenever the graph runs without a host
+    read (a RuntimeError with the same message on CPU; a device-side assert on CUDA).
+    """
+    for c in checks:
+        if c.values.numel() == 0:
+            continue
+        if _plain_eager(c.values):
+            if c.values.numel() <= _READ_WHOLE:  # one copy, no reduction kernel
+                values = c.values.flatten().tolist()
+                lo, hi = min(values), max(values)
+            else:
+                lo, hi = torch.stack(torch.aminmax(c.values)).tolist()
+            if (c.low is not None and lo < c.low) or (c.high is not None and hi > c.high):
+                raise ValueError(f"{c.argument}: expected {c.expected}, got min {lo}, max {hi}")
+            continue
+        lo, hi = torch.aminmax(c.values)
+        ok = torch.ones((), dtype=torch.bool, device=c.values.device)
+        if c.low is not None:
+            ok = ok & (lo >= c.low)
+        if c.high is not None:
+            ok = ok & (hi <= c.high)
+        torch._assert_async(ok, f"{c.argument}: expected {c.expected}")
 
 
 def fmt_shape(t: torch.Tensor) -> str:

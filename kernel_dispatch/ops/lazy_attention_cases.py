@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..declaration import BadValues
 from ..testing.matrix import Inputs
 
 
@@ -44,6 +45,21 @@ CASES = (
     AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), big=True),
     # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
     AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, big=True),
+)
+
+
+def _with_lengths(values):
+    def alter(inp: Inputs) -> Inputs:
+        lengths = torch.tensor(values, dtype=inp.kwargs["lengths"].dtype, device=inp.kwargs["lengths"].device)
+        return Inputs(inp.tensors, {**inp.kwargs, "lengths": lengths}, inp.grads)
+    return alter
+
+
+# Values the lengths check refuses, from the "lengths" case (B = 3, L = 40).
+BAD_VALUES = (
+    BadValues("lengths_above_L", "lengths", _with_lengths((41, 17, 1)), ("lengths", "[1, L] = [1, 40]", "max 41")),
+    BadValues("lengths_zero", "lengths", _with_lengths((40, 0, 1)), ("lengths", "[1, L] = [1, 40]", "min 0")),
+    BadValues("lengths_negative", "lengths", _with_lengths((40, 17, -3)), ("lengths", "min -3")),
 )
 
 
