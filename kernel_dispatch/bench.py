@@ -1,5 +1,7 @@
 """``python -m kernel_dispatch.bench``: every operator and backend side by side with the baselines a
-user would pick instead, on one device in one run. Pieces live in :mod:`kernel_dispatch.benchmarks`.
+user would pick instead, on one device in one run. The generic pieces live in :mod:`kernel_dispatch.benchmarks`;
+each operator's sweep, baselines, table and plot in the bench module its declaration names (``Operator.bench``,
+the protocol in :mod:`kernel_dispatch.benchmarks.common`).
 
     python -m kernel_dispatch.bench                    # the default GPU sweep (about 5 minutes on an H100)
     python -m kernel_dispatch.bench --quick            # tiny CPU smoke, golden only (CI)
@@ -21,33 +23,17 @@ from pathlib import Path
 
 import torch
 
-from .benchmarks import attention, baselines, docs, mhc, plots, report
-from .benchmarks.common import sweep
+from .benchmarks import docs, plots, report
+from .benchmarks.common import baselines, int_list, modules, option, sweep
 from .benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
-from .config import BACKEND_NAMES
+from .registry import BACKEND_NAMES
 
-BACKENDS = BACKEND_NAMES + tuple(dict.fromkeys(baselines.ATTENTION + baselines.MHC))
-OPS = {"lazy_attention": attention, "mhc": mhc}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    """'1K,2048,32k' -> (1024, 2048, 32768)."""
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        mult = 1024 if item[-1] in "kK" else 1
-        try:
-            out.append(int(item[:-1] if mult > 1 else item) * mult)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers (1K = 1024), got {item!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return tuple(out)
-
-
-def _int(text: str) -> int:
-    """'16K' -> 16384."""
-    return _ints(text)[0]
+def backends() -> tuple[str, ...]:
+    """Every kernel_dispatch backend, then every bench module's baselines."""
+    return BACKEND_NAMES + baselines()
 
 
 def _names(valid: tuple[str, ...]):
@@ -61,36 +47,42 @@ def _names(valid: tuple[str, ...]):
 
 
 def _d_item(text: str) -> tuple[str | None, tuple[int, ...]]:
-    """One --D value: 'VALUES' (every op) or 'lazy_attention=VALUES' / 'mhc=VALUES' (one op)."""
+    """One --D value: 'VALUES' (every op) or 'OP=VALUES' (one bench module's NAME)."""
     op, _, values = text.rpartition("=")
-    if op and op not in OPS:
-        raise argparse.ArgumentTypeError(f"unknown operator {op!r} in {text!r}; expected {' or '.join(OPS)}")
-    return op or None, _ints(values)
+    ops = tuple(modules())
+    if op and op not in ops:
+        raise argparse.ArgumentTypeError(f"unknown operator {op!r} in {text!r}; expected {' or '.join(ops)}")
+    return op or None, int_list(values)
 
 
 def _D(items: list[tuple[str | None, tuple[int, ...]]] | None) -> dict[str, tuple[int, ...]]:
     """The parsed --D values as {op: values}; a later value for an op replaces an earlier one."""
     out: dict[str, tuple[int, ...]] = {}
     for op, values in items or []:
-        out.update({o: values for o in ([op] if op else OPS)})
+        out.update({o: values for o in ([op] if op else modules())})
     return out
 
 
+def _d_help(mods: dict) -> str:
+    helps = [(name, option(mod, "D_HELP")) for name, mod in mods.items() if option(mod, "D_HELP")]
+    if not helps:
+        return "sizes per op: 'OP=VALUES' (repeatable)"
+    return (f"{' / '.join(what for _, (what, _) in helps)}: '{helps[0][1][1]}' for every op, or "
+            + ", ".join(f"'{name}={example}'" for name, (_, example) in helps) + " (repeatable)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    mods = modules()
+    names = backends()
     p = argparse.ArgumentParser(prog="python -m kernel_dispatch.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny CPU smoke with golden only (seconds)")
-    p.add_argument("--ops", type=_names(tuple(OPS)), default=tuple(OPS), help="comma list of: %(default)s")
-    p.add_argument("--backends", type=_names(BACKENDS), help=f"comma list of: {', '.join(BACKENDS)} (default: all; "
+    p.add_argument("--ops", type=_names(tuple(mods)), default=tuple(mods), help="comma list of: %(default)s")
+    p.add_argument("--backends", type=_names(names), help=f"comma list of: {', '.join(names)} (default: all; "
                    "golden with --quick)")
-    p.add_argument("--L", type=_ints, help="lazy attention sequence lengths, e.g. 1K,4K,32K")
-    p.add_argument("--D", action="append", type=_d_item, help="head dims / hidden sizes: '64,128' for every op, or "
-                   "'lazy_attention=64,128', 'mhc=1280,7168' (repeatable)")
-    p.add_argument("--T", type=_ints, help="mHC token counts")
-    p.add_argument("--H", type=_int, help="lazy attention heads (default 16)")
-    p.add_argument("--tokens", type=_int, help="lazy attention B*L per point; B = tokens // L (default 16K)")
-    p.add_argument("--W", type=_int, help="lazy attention bias length (default 512)")
-    p.add_argument("--n", type=_int, help="mHC streams (default 4)")
+    p.add_argument("--D", action="append", type=_d_item, help=_d_help(mods))
+    for mod in mods.values():
+        mod.add_arguments(p)
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--device", help="default: cuda when available (cpu with --quick)")
     p.add_argument("--json", type=Path, help="results file (default bench_results/bench.json, quick.json)")
@@ -102,11 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _shapes(op: str, args, defaults: dict, Ds: dict) -> list:
-    if op == "lazy_attention":
-        return attention.shapes(args.L or defaults["L"], Ds.get(op, defaults["D"]), args.H or defaults["H"],
-                                args.tokens or defaults["tokens"], args.W or defaults["W"])
-    return mhc.shapes(Ds.get(op, defaults["D"]), args.T or defaults["T"], args.n or defaults["n"])
+def _size_flags(mods: dict) -> list[str]:
+    """The options that size a sweep (small ones make a CPU run possible): --D and each module's SIZE_FLAGS."""
+    return ["D"] + [f for mod in mods.values() for f in option(mod, "SIZE_FLAGS", ())]
 
 
 def run(args, argv: list[str], json_path: Path) -> dict:
@@ -116,24 +106,26 @@ def run(args, argv: list[str], json_path: Path) -> dict:
     stopped by a time limit still leaves every figure it measured.
     """
     t0 = time.perf_counter()
+    mods = modules()
     device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
-    if device.type == "cpu" and not args.quick and not (args.L or args.D or args.T):
-        raise SystemExit("no CUDA device: the default sweep is for a GPU; use --quick, or small --L/--D/--T")
+    sizes = _size_flags(mods)
+    if device.type == "cpu" and not args.quick and not any(getattr(args, f, None) for f in sizes):
+        raise SystemExit("no CUDA device: the default sweep is for a GPU; use --quick, or small "
+                         + "/".join(f"--{f}" for f in sizes))
     settings = Settings(warmup=1, min_reps=3, max_reps=3, budget_s=0.0) if args.quick else Settings()
     timer = Timer(device, settings)
-    backends = args.backends or (("golden",) if args.quick else BACKENDS)
+    chosen = args.backends or (("golden",) if args.quick else backends())
     dtype = DTYPES[args.dtype]
     Ds = _D(args.D)
     plan = []
     for op in args.ops:
-        mod = OPS[op]
-        names = [b for b in backends if b in BACKEND_NAMES or b in (baselines.ATTENTION if op == "lazy_attention"
-                                                                      else baselines.MHC)]
-        plan.append((mod, _shapes(op, args, mod.QUICK if args.quick else mod.DEFAULT, Ds), names))
+        mod = mods[op]
+        names = [b for b in chosen if b in BACKEND_NAMES or b in mod.BASELINES]
+        plan.append((mod, mod.shapes(args, args.quick, Ds.get(op)), names))
     data = {"schema": 1, "command": "python -m kernel_dispatch.bench " + shlex.join(argv), "quick": args.quick,
-            "env": report.environment(device), "conventions": report.CONVENTIONS,
+            "env": report.environment(device), "conventions": report.conventions(),
             "settings": vars(settings), "copy_gbps": None, "complete": False, "records": []}
-    if "mhc" in args.ops:
+    if any(option(mod, "COPY_BANDWIDTH", False) for mod, _, _ in plan):
         data["copy_gbps"] = copy_bandwidth_gbps(timer)
     progress = _progress(sum(len(s) * len(n) for _, s, n in plan))
     threads = torch.get_num_threads()
@@ -146,8 +138,8 @@ def run(args, argv: list[str], json_path: Path) -> dict:
         report.write_json(data, json_path)
     try:
         for mod, shapes, names in plan:
-            extra = {"copy_gbps": data["copy_gbps"]} if mod is mhc else {}
-            sweep(mod, shapes, names, dtype, timer, progress, on_record=save, **extra)
+            copy_gbps = data["copy_gbps"] if option(mod, "COPY_BANDWIDTH", False) else None
+            sweep(mod, shapes, names, dtype, timer, progress, on_record=save, copy_gbps=copy_gbps)
     finally:
         torch.set_num_threads(threads)
         if progress is not None:

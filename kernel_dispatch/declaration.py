@@ -129,14 +129,16 @@ class Operator:
     validate: (bound arguments) -> None, raising an error that names the argument.
     outputs: names of the forward outputs, in order.
     gradients: input name -> gradient name, for every differentiable input (empty: forward only).
+    mutated: inputs the operator writes in place (the matrix gives each call its own copy).
     env_var: the environment variable for this operator (``KERNEL_BACKEND`` applies to every one).
     group: a YAML / ``use_backend`` key naming every operator of the group (``mhc``).
     info_facts: the facts ``kernel_dispatch.info`` exposes as options.
     per_head: tensors the matrix also checks head by head: name -> the dimension of heads.
     tolerances: tensor name (outputs and gradients) -> :class:`Tolerance`.
-    cases: test cases (objects with ``name`` and ``big``); make_inputs(case, dtype, device, seed) ->
+    cases: test cases (objects with ``name`` and ``gpu_only``: realistic sizes run on a CUDA device only); make_inputs(case, dtype, device, seed) ->
         :class:`kernel_dispatch.testing.matrix.Inputs`.
-    bench: the module of its benchmark (see :mod:`kernel_dispatch.benchmarks.common`), or None.
+    bench: its bench module, as an import path or the module object (the protocol is in
+        :mod:`kernel_dispatch.benchmarks.common`; operators benchmarked as one block share one), or None.
     value_checks: (bound arguments) -> the call's :class:`RangeCheck` s (checks of tensor values), or None.
     bad_values: :class:`BadValues` examples, one per way a value check can fail.
     """
@@ -148,6 +150,7 @@ class Operator:
     validate: Callable[..., None]
     outputs: tuple[str, ...]
     gradients: Mapping[str, str] = field(default_factory=dict)
+    mutated: tuple[str, ...] = ()
     env_var: str | None = None
     group: str | None = None
     info_facts: tuple[Fact, ...] = ()
@@ -155,7 +158,7 @@ class Operator:
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     cases: tuple = ()
     make_inputs: Callable | None = None
-    bench: str | None = None
+    bench: Any = None
     value_checks: Callable[..., Sequence[RangeCheck]] | None = None
     bad_values: tuple[BadValues, ...] = ()
 

@@ -28,7 +28,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-import torch
 
 from . import config, declaration
 from .config import Choice, ConfigError

@@ -1,22 +1,23 @@
 """How fast TileLang runs the two forward sweeps of *plain* causal softmax attention (no bias, no Elastic-Softmax)
 at the target shape (bf16, B=4, H=16, L=4096, D=128), next to SDPA cuDNN and this package's lse and fwd kernels:
-what a TileLang pass costs before any lazy-attention work (docs/lazy-attention-speed.md, ninth session).
+what a TileLang pass costs before any lazy-attention work (docs/lazy-attention-speed.md, "The toolchain ceiling").
 
 Kernels written here, not shipped: fa_sync, the online-softmax forward with synchronous T.gemm (this package's
 structure, 128 x 128 tiles, 2 consumer warpgroups); fa_ordered, the same body under T.Pipelined order/stage (the
 QK^T of block k issued before the softmax of block k and the PV of block k - 1, the schedule TileLang's own
 examples use); lse_only_128 / _256, the LSE sweep alone (one GEMM and the exponentials; 128 or 256 queries per CTA).
-Times are medians of 5 interleaved rounds of 25 CUDA-event runs with L2 flushed (the ninth session's numbers
-came from 30-run rounds with a sync after each run).
+Times are medians of 5 interleaved rounds, each the median of 25 CUDA-event runs with L2 flushed (the package's
+Timer).
 
-  python scripts/gpu_ceiling_tilelang_attention.py --prebuild   # CPU: sm_90a build into .devcache/fa-ceiling-cache.tar.xz
-  python scripts/gpu_ceiling_tilelang_attention.py              # GPU (carry .devcache)
+  python scripts/prebuild_tilelang.py --ceiling            # CPU: these kernels and the package's, for sm_90a
+  python -m kernel_dispatch.testing.tilelang_cache unpack  # GPU machine, with .devcache carried
+  python scripts/gpu_ceiling_tilelang_attention.py         # GPU
 """
-import os, sys, tarfile, tempfile, statistics, math, argparse
-sys.path.insert(0, os.getcwd())
-from kernel_dispatch.backends.tilelang._build import import_tilelang, compile_kernel, SM90A
+import math
+import statistics
+
+from kernel_dispatch.backends.tilelang._build import SM90A, compile_kernel, import_tilelang
 from kernel_dispatch.backends.tilelang._lazy_attention_tiles import LOG2E, first_query
-CACHE_TAR = ".devcache/fa-ceiling-cache.tar.xz"
 
 
 def build(kind, D=128, BM=128, BN=128, threads=256, stages=2, dtype="bfloat16"):
@@ -118,35 +119,18 @@ VARIANTS = {"fa_sync": ("sync", {}), "fa_ordered": ("ordered", {}), "lse_only_12
             "lse_only_256": ("lse", {"BM": 256, "threads": 512})}
 
 
-def compiled(name, target):
+def build_variant(name):
+    """The T.prim_func of variant ``name`` of VARIANTS (scripts/prebuild_tilelang.py --ceiling compiles these)."""
     kind, kw = VARIANTS[name]
-    return compile_kernel(build(kind, **kw), target)
+    return build(kind, **kw)
 
 
-def prebuild():
-    cache = os.path.expanduser("~/.cache/fa-ceiling")
-    os.environ["TILELANG_CACHE_DIR"] = cache
-    for n in VARIANTS:
-        try:
-            compiled(n, SM90A); print("built", n, flush=True)
-        except Exception as e:
-            print("FAILED", n, type(e).__name__, str(e)[:800], flush=True)
-    with tarfile.open(CACHE_TAR, "w:xz") as tar:
-        tar.add(cache, arcname=".")
-    print("packed", os.path.getsize(CACHE_TAR))
-
-
-def gpu():
-    c = tempfile.mkdtemp()
-    for tarp in (".devcache/tilelang-attn-cache.tar.xz", CACHE_TAR):
-        with tarfile.open(tarp) as t:
-            t.extractall(c)
-    os.environ["TILELANG_CACHE_DIR"] = c
+def main():
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel, SDPBackend
     from kernel_dispatch.backends.tilelang import lazy_attention as tla
-    from kernel_dispatch.benchmarks import attention as A
+    from kernel_dispatch.ops import lazy_attention_bench as A
     from kernel_dispatch.benchmarks.timing import Settings, Timer
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -162,10 +146,9 @@ def gpu():
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         cudnn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
         fns = {"sdpa_cudnn": cudnn}
-    tgt = tuple(sorted(SM90A.items()))
     for n in VARIANTS:
         try:
-            kern = compiled(n, dict(tgt))
+            kern = compile_kernel(build_variant(n), dict(sorted(SM90A.items())))
         except Exception as e:
             print("FAILED", n, type(e).__name__, str(e)[:300]); continue
         if VARIANTS[n][0] == "lse":
@@ -193,6 +176,4 @@ def gpu():
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(); ap.add_argument("--prebuild", action="store_true")
-    a = ap.parse_args()
-    prebuild() if a.prebuild else gpu()
+    main()

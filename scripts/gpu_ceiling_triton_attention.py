@@ -1,11 +1,11 @@
 """How fast Triton (the GPU machine's version) runs the two forward sweeps of *plain* causal softmax attention (no
 bias, no Elastic-Softmax) at B=4, H=16, L=4096, D=128 bf16, next to SDPA cuDNN: what a Triton pass costs before any
-lazy-attention work (docs/lazy-attention-speed.md, ninth session). The kernel (written here, not shipped) is the
-online-softmax forward, causal blocks masked only on the diagonal; WITH_PV=False leaves the LSE sweep alone. Each of
-eight tile configs is timed, then the best again in 5 rounds interleaved with cuDNN (kernel_dispatch's Timer: L2
-flushed, CUDA events; the ninth session's numbers came from the same timing with a sync after each run).
+lazy-attention work (docs/lazy-attention-speed.md, "The toolchain ceiling"). The kernel (written here, not shipped) is
+the online-softmax forward, causal blocks masked only on the diagonal; WITH_PV=False leaves the LSE sweep alone. Each
+of eight tile configs is timed, then the best again in 5 rounds interleaved with cuDNN (the package's Timer: L2
+flushed, CUDA events, median).
 
-  python scripts/gpu_ceiling_triton_attention.py   # GPU
+  python scripts/gpu_ceiling_triton_attention.py   # GPU, with the package importable (make install, or PYTHONPATH=.)
 """
 import math, statistics
 import torch, triton, triton.language as tl
@@ -105,4 +105,5 @@ def main():
               f"= {t / c:.2f}x", flush=True)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,63 +1,30 @@
-"""Where the time goes: device time of every kernel in one training step of each benchmark shape.
+"""Where the time goes: the device time of every kernel in one training step (forward + backward) of the
+benchmark's candidates, under torch.profiler.
 
-On the GPU machine:  python3 scripts/gpu_profile_kernels.py [--backends triton,tilelang] [--ops mhc,attn]
-  mhc:  the block pre -> identity -> post, T = 16384, n = 4, D = 4096, bf16, forward + backward;
-  attn: lazy attention bf16 causal B=4, H=16, L=4096, D=128, W=512, tau=-1, forward + backward.
-Each step runs twice (compile, autotune), then once under torch.profiler; the table lists every kernel
-with its device time in microseconds, largest first, and the fraction of the step it takes.
+    python scripts/gpu_profile_kernels.py [--ops lazy_attention,mhc] [--backends triton,tilelang,sdpa_cudnn]
+        [--L 4096] [--D 128] [--T 16384] [--W 512]
+
+lazy_attention: bf16, causal, B*L = 16384 tokens, H=16 (default L=4096, D=128, W=512: the target shape);
+mhc: the block pre -> identity -> post, T=16384, n=4, D=4096, bf16. The step is the benchmark's own (the same
+inputs and calls as ``python -m kernel_dispatch.bench``); each runs twice (compile, autotune), then once profiled.
+The table lists every kernel with its device time in microseconds, largest first, and its share of the step.
+Needs the package importable (make install, or PYTHONPATH=.); TileLang kernels load from the cache that
+``python -m kernel_dispatch.testing.tilelang_cache unpack`` fills (scripts/prebuild_tilelang.py builds it).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-
-def mhc_step(backend, T=16384, D=4096):
-    import torch
-
-    import kernel_dispatch as kd
-    g = torch.Generator(device="cpu").manual_seed(0)
-    n, M = 4, 24
-    x = torch.randn(T, n, D, generator=g).to(torch.bfloat16).cuda().requires_grad_()
-    phi = (0.05 * torch.randn(M, n * D, generator=g)).cuda().requires_grad_()
-    alpha = torch.tensor([0.8, 1.2, 0.9]).cuda().requires_grad_()
-    bias = (0.3 * torch.randn(M, generator=g)).cuda().requires_grad_()
-    gamma = (1 + 0.1 * torch.randn(n * D, generator=g)).cuda().requires_grad_()
-    gout = torch.randn(T, n, D, generator=g).to(torch.bfloat16).cuda()
-
-    def step():
-        h_in, hp, hr, x_res = kd.mhc_pre(x, phi, alpha, bias, gamma, backend=backend, return_residual=True)
-        out = kd.mhc_post(h_in, x_res, hp, hr, backend=backend)
-        torch.autograd.grad(out, [x, phi, alpha, bias, gamma], gout)
-    return step
+from kernel_dispatch.ops import lazy_attention_bench as attention
+from kernel_dispatch.ops import mhc_bench as mhc
 
 
-def attn_step(backend, B=4, H=16, L=4096, D=128, W=512):
-    import torch
-
-    import kernel_dispatch as kd
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4))
-    leaves = [t.requires_grad_() for t in (q, k, v)]
-    bias = (0.5 * torch.randn(H, W, device="cuda", generator=g)).requires_grad_()
-    tau = torch.full((H,), -1.0, device="cuda", requires_grad=True)
-
-    def step():
-        o = kd.lazy_attention(*leaves, bias, tau, backend=backend)
-        torch.autograd.grad(o, leaves + [bias, tau], do)
-    return step
-
-
-def kernel_rows(step):
+def kernel_rows(step) -> list[tuple[float, int, str]]:
     """[(device us, launches, kernel name)] of one call of ``step`` under the CUDA profiler, largest first."""
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof_ctx
-    with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     rows = []
@@ -68,30 +35,52 @@ def kernel_rows(step):
     return sorted(rows, reverse=True)
 
 
-def profile(name, step):
-    import torch
-    step()
-    step()
-    torch.cuda.synchronize()
-    rows = kernel_rows(step)
-    total = sum(r[0] for r in rows)
-    print(f"\n== {name}: {total:.0f} us of kernels in one step", flush=True)
-    for t, c, key in rows[:14]:
-        print(f"  {t:9.1f} us {100 * t / total:5.1f}%  x{c:<3d} {key[:100]}", flush=True)
+def steps(op: str, backends: list[str], args) -> list[tuple[str, object]]:
+    """(label, candidate) of every backend or baseline at the op's shape."""
+    dev = torch.device("cuda")
+    if op == "lazy_attention":
+        s = attention.Shape(max(1, 16384 // args.L), 16, args.L, args.D, args.W)
+        mod = attention
+    else:
+        s = mhc.Shape(args.T, 4, args.D_mhc)
+        mod = mhc
+    t = mod.make_inputs(s, torch.bfloat16, dev)
+    ref = mod.Reference(t, s)
+    return [(f"{op} {s.label()} {name}", mod.candidate(name, s, t, ref)) for name in backends]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backends", default="triton,tilelang")
-    ap.add_argument("--ops", default="mhc,attn")
-    a = ap.parse_args()
-    for op in a.ops.split(","):
-        for b in a.backends.split(","):
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", default="lazy_attention,mhc")
+    ap.add_argument("--backends", default="triton,tilelang,sdpa_cudnn")
+    ap.add_argument("--L", type=int, default=4096, help="lazy attention sequence length")
+    ap.add_argument("--D", type=int, default=128, help="lazy attention head dim")
+    ap.add_argument("--W", type=int, default=512, help="lazy attention bias length")
+    ap.add_argument("--T", type=int, default=16384, help="mHC tokens")
+    ap.add_argument("--D-mhc", type=int, default=4096, help="mHC feature size")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    for op in args.ops.split(","):
+        for label, cand in steps(op, args.backends.split(","), args):
+            if cand.reason:
+                print(f"\n== {label}: not run ({cand.reason})", flush=True)
+                continue
             try:
-                profile(f"{op} {b}", (mhc_step if op == "mhc" else attn_step)(b))
+                cand.fwd_bwd()
+                cand.fwd_bwd()
+                torch.cuda.synchronize()
+                rows = kernel_rows(cand.fwd_bwd)
             except Exception as e:  # report and go on with the next
-                print(f"== {op} {b}: failed {type(e).__name__}: {str(e)[-300:]}", flush=True)
+                print(f"\n== {label}: failed {type(e).__name__}: {str(e)[-300:]}", flush=True)
+                continue
+            total = sum(r[0] for r in rows)
+            print(f"\n== {label}: {total:.0f} us of kernels in one forward + backward", flush=True)
+            for t, count, key in rows[:16]:
+                print(f"  {t:9.1f} us {100 * t / total:5.1f}%  x{count:<3d} {key[:100]}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

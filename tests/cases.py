@@ -8,7 +8,7 @@ declaration (kernel_dispatch/ops/).
 from kernel_dispatch.ops.lazy_attention_cases import (KINK_MARGIN, AttnCase, away_from_kink,  # noqa: F401
                                                       rows_near_kink)
 from kernel_dispatch.ops.mhc_cases import MHCCase  # noqa: F401
-from kernel_dispatch.testing.matrix import Inputs, make_inputs, run, upcast  # noqa: F401
+from kernel_dispatch.testing.matrix import Inputs, make_inputs, poison_cuda_cache, run, upcast  # noqa: F401
 from kernel_dispatch import declaration
 
 CASES = {op: declaration.operator(op).cases for op in declaration.operators()}

@@ -1,4 +1,5 @@
-"""Test session set-up: on a machine without CUDA, Triton runs through its interpreter.
+"""Test session set-up: on a machine without CUDA, Triton runs through its interpreter and tests marked
+``gpu`` are skipped.
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here.
 """
@@ -28,3 +29,13 @@ def pytest_configure(config):
     """Under pytest-xdist each worker gets one intra-op thread: 2 workers x 2 threads on 2 cores spin-wait."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a CUDA device every test marked ``gpu`` is skipped, with the reason."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="marked gpu: needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

@@ -121,7 +121,7 @@ def test_docs_regenerated_from_a_saved_gpu_json(gpu_like, tmp_path, monkeypatch,
 
 
 def test_command_line_parsing():
-    assert bench._ints("1K,2048,32k") == (1024, 2048, 32768)
+    assert bench.int_list("1K,2048,32k") == (1024, 2048, 32768)
     assert bench._D(bench.parse_args(["--D", "64,128", "--D", "mhc=1280"]).D) == {
         "lazy_attention": (64, 128), "mhc": (1280,)}
     for bad in (["--backends", "nope"], ["--L", "abc"], ["--D", "attn=64"], ["--ops", "mhc_pre"]):
@@ -144,8 +144,8 @@ def test_flex_falls_back_to_smaller_tiles_once(monkeypatch):
     """FlexAttention's default tiles can exceed an H100's shared memory (torch 2.11): the baseline then reruns
     with FLEX_SMALL_TILES, keeps them for that head dim and direction, and its note says so; any other
     error still fails the row."""
-    from kernel_dispatch.benchmarks import baselines
     from kernel_dispatch.benchmarks.common import Candidate
+    from kernel_dispatch.ops import lazy_attention_baselines as baselines
 
     monkeypatch.setattr(baselines, "_flex_tiles", {})
     calls = []

@@ -1,15 +1,16 @@
 """The test inputs themselves: lazy attention cases keep every score off the Elastic-Softmax relu kink.
 
 At a score within fp32 rounding of P + tau/i = 0 the gradient depends on which side rounding lands, so an
-exactly rounded fp32 evaluation misses a rounding-derived tolerance there (docs/gpu-verification.md, third
-session). ``make_inputs`` redraws the query rows that hold such a score; these tests hold it to that.
+exactly rounded fp32 evaluation misses a rounding-derived tolerance there (docs/gpu-verification.md, "Test
+inputs off the relu kink"). ``make_inputs`` redraws the query rows that hold such a score; these tests hold
+it to that.
 """
 import pytest
 import torch
 
 from .cases import ATTN_CASES, KINK_MARGIN, away_from_kink, rows_near_kink, make_inputs
 
-SMALL = [c for c in ATTN_CASES if not c.big]
+SMALL = [c for c in ATTN_CASES if not c.gpu_only]
 
 
 @pytest.mark.parametrize("case", SMALL, ids=[c.name for c in SMALL])

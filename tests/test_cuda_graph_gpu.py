@@ -1,11 +1,11 @@
 """A whole training step (forward and backward) captured in a CUDA graph replays to the eager results, bitwise.
 
-At small shapes the ops are host-bound (docs/lazy-attention-speed.md, ninth session: the mHC block at T=4096 needs
+At small shapes the ops are host-bound (docs/lazy-attention-speed.md, "The host": the mHC block at T=4096 needs
 about 1.5 ms of host time for 0.3-0.7 ms of GPU work), and capture removes the host cost. That needs every kernel
 on torch's current stream, allocations through the caching allocator and no host synchronisation once warm; a
 backend that broke any of these would fail the capture or replay stale results. The replay runs on inputs changed
 in place after the capture, so it must recompute, not return what capture computed.
-CPU: skipped (CUDA graphs need a CUDA device).
+CPU: skipped (marked gpu: CUDA graphs need a CUDA device).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import kernel_dispatch as kd
 from kernel_dispatch import registry
 from kernel_dispatch.cuda_graphs import capture
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+pytestmark = pytest.mark.gpu
 
 BACKENDS = ("triton", "tilelang")
 

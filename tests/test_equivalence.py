@@ -3,8 +3,9 @@
 Generated from the declarations: every declared operator, every registered backend, every declared case.
 A case the backend cannot run here is skipped with the registry's reasons. Tensors the declaration names in
 ``per_head`` are also checked head by head, so a kernel right for head 0 only fails. Large ("big") cases
-run only on a CUDA device. Declarations made after collection (a test's own operator) run through
-:func:`check_case`.
+(``gpu_only``: realistic sizes, the kernels' head dims and feature sizes) are marked ``gpu`` and run on a CUDA
+device only. Parameters run case by case, so each golden float64 reference is computed once for every backend.
+Declarations made after collection (a test's own operator) run through :func:`check_case`.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _result(op: str, backend: str, case, dtype: torch.dtype):
 
 def why_skip(op: str, backend: str, case, dtype: torch.dtype) -> str | None:
     """Why this cell of the matrix cannot run here, or None."""
-    if case.big and DEVICE != "cuda":
+    if case.gpu_only and DEVICE != "cuda":
         return "realistic size: runs on a CUDA device only"
     inp, _ = _reference(op, case, dtype)
     reasons = registry.why_not(op, backend, matrix.facts(op, inp))
@@ -54,11 +55,12 @@ def params(ops=None):
     for op in ops or declaration.operators():
         decl = declaration.operator(op)
         directions = ("forward", "backward") if decl.gradients else ("forward",)
-        for backend in registry.BACKEND_NAMES:
-            for case in decl.cases:
-                for dtype in DTYPES:
+        for case in decl.cases:
+            marks = (pytest.mark.gpu,) if case.gpu_only else ()
+            for dtype in DTYPES:
+                for backend in registry.BACKEND_NAMES:
                     for direction in directions:
-                        yield pytest.param(op, backend, case, dtype, direction,
+                        yield pytest.param(op, backend, case, dtype, direction, marks=marks,
                                            id=f"{op}-{backend}-{case.name}-{str(dtype)[6:]}-{direction}")
 
 

@@ -6,7 +6,7 @@ install. Each factory is built once, bf16 at head dim 64 (causal, and non-causal
 whose mask differs), with the launcher's tile configuration, and its generated source must not hand a
 shared buffer back to the TMA producer while an async wgmma still reads it, and must send its output tiles
 through shared memory by TMA stores that follow a barrier and an async-proxy fence (tests/async_release.py).
-Numerics run on a GPU only (scripts/gpu_check_tilelang_attention.py).
+Numerics run on a GPU only (the equivalence matrix and tests/test_determinism_gpu.py, marked gpu).
 """
 import glob
 import importlib.util
@@ -23,14 +23,14 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None,
 
 # (kernel, causal): the row-major forward kernels share one mask path, so their non-causal build is
 # covered by lse; the backward kernels each get both.
-# Output tiles leave through shared memory and TMA stores (on an H100: fwd 0.616 vs 0.641 ms, dq_delta 1.176 vs
-# 1.209, dK/dV 1.404 vs 1.503 against per-element stores from the fragments).
+# Output tiles leave through shared memory and TMA stores.
 TMA_STORES = {"lse": set(), "fwd": {"O_desc"}, "row_dot": set(), "dq_delta": {"dQ_desc"},
               "dkdv": {"dK_desc", "dV_desc"}}
 MEMORY_KERNELS = {"row_dot"}  # no GEMM, plain vector loads
 # CTA barriers every iteration of the consumer's key (or query) sweep runs, outside any branch, and the sweep's
 # loop variable in the generated CUDA: free tiles must not wait for each other (dK/dV keeps the one TileLang
-# hoists out of its masked branch; with its dbias work after the GEMMs it had 3, 1.50 -> 1.58 ms on an H100).
+# hoists out of its masked branch; with its dbias work after the GEMMs it would run 3, 1.58 against 1.50 ms on an
+# H100).
 SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 0), "dq_delta": ("k_1", 0), "dkdv": ("it_1", 1)}
 BUILDS = [("lse", True), ("lse", False), ("fwd", True), ("row_dot", True), ("dq_delta", True), ("dq_delta", False),
           ("dkdv", True), ("dkdv", False)]
@@ -49,7 +49,7 @@ def test_factory_builds_cubin_for_sm90a(name, causal, toolkit, tmp_path, monkeyp
     from kernel_dispatch.backends.tilelang import lazy_attention as la
 
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
-    prim = la.FACTORIES[name](64, "bfloat16", causal, *la.CONFIGS[64][name])
+    prim = la.FACTORIES[name](64, "bfloat16", causal, la.CONFIGS[64][name])
     kernel = _build.compile_kernel(prim, _build.SM90A)
     src = kernel.get_kernel_source()
     assert "__global__" in src
@@ -71,9 +71,9 @@ def test_factory_builds_cubin_for_sm90a(name, causal, toolkit, tmp_path, monkeyp
         assert f.read(4) == b"\x7fELF", f"{name}: {cubins[0]} is not an ELF cubin"
 
 
-# The consumer side of a kernel that issued an async wgmma on Ka_s and released Ka_s before waiting for
-# it (the order TileLang's pipeliner produced for T.wgmma_gemm before the kernels read the buffer again
-# after T.wait_wgmma); trimmed from real sm_90a output.
+# The consumer side of a kernel that issues an async wgmma on Ka_s and releases Ka_s before waiting for it
+# (the order TileLang's pipeliner gives T.wgmma_gemm unless the kernel reads the buffer again after
+# T.wait_wgmma); trimmed from real sm_90a output.
 _EARLY_RELEASE = """
     tl::warpgroup_reg_dealloc<24>();
     for (int k = 0; k < n; ++k) {

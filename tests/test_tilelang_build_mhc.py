@@ -1,6 +1,6 @@
 """Every TileLang mHC kernel factory lowers to CUDA for sm_90a and builds to a cubin (no GPU needed).
 
-The build uses TileLang's own pipeline (``compile_mhc``: tvm_ffi backend, pip ``nvcc`` when no
+The build uses TileLang's own pipeline (``_build.compile_kernel``: tvm_ffi backend, pip ``nvcc`` when no
 system toolkit exists); the cubin is found inside the built executable (an embedded ELF with
 e_machine EM_CUDA and arch 90). A missing compiler fails the test with the reason.
 """
@@ -23,6 +23,7 @@ def _factories():
                                                    _mhc_pre_bwd_dot_kernel, _mhc_pre_bwd_dx_kernel,
                                                    _mhc_pre_bwd_mix_kernel, _mhc_pre_bwd_param_kernel,
                                                    _mhc_pre_gemm_kernel, _mhc_pre_mix_kernel, _mhc_pre_weights_kernel)
+    from kernel_dispatch.backends.tilelang._mhc_pre_bwd_dx_kernel import DxTiles
     iters, post_mult, norm_eps, pre_eps, sk_eps = HP
     return {
         "post_fwd": (lambda: _mhc_post_fwd_kernel.build(D, "bfloat16"), False),
@@ -33,16 +34,16 @@ def _factories():
         "pre_mix": (lambda: _mhc_pre_mix_kernel.build(D, 2, iters, post_mult, norm_eps, pre_eps, sk_eps), False),
         "pre_apply": (lambda: _mhc_pre_apply_kernel.build(D, "bfloat16"), False),
         "pre_bwd_dot": (lambda: _mhc_pre_bwd_dot_kernel.build(D, "bfloat16"), False),
-        "pre_bwd_mix": (lambda: _mhc_pre_bwd_mix_kernel.build(D, iters, post_mult, pre_eps, sk_eps, 16), False),
-        "pre_bwd_dx_bf16": (lambda: _mhc_pre_bwd_dx_kernel.build(D, "bfloat16", 2, 1, 32, 64, 2), True),
+        "pre_bwd_mix": (lambda: _mhc_pre_bwd_mix_kernel.build(D, iters, post_mult, pre_eps, sk_eps), False),
+        "pre_bwd_dx_bf16": (lambda: _mhc_pre_bwd_dx_kernel.build(D, "bfloat16", 2, 1, DxTiles(stages=2)), True),
         "pre_bwd_param": (lambda: _mhc_pre_bwd_param_kernel.build(24, D, 2, 32), False),
         # second variants: fp16 x as two bf16 pieces, a masked D tail
         "pre_gemm_fp16": (lambda: _mhc_pre_gemm_kernel.build(4 * 264, 24, 2), True),
-        "pre_bwd_dx_fp16_tail": (lambda: _mhc_pre_bwd_dx_kernel.build(264, "float16", 3, 2, 32, 64, 3), True),
+        "pre_bwd_dx_fp16_tail": (lambda: _mhc_pre_bwd_dx_kernel.build(264, "float16", 3, 2, DxTiles(stages=3)), True),
         "post_fwd_tail": (lambda: _mhc_post_fwd_kernel.build(264, "float16"), False),
         # adding the residual path's gradient (dx_acc) inside the dx kernel
-        "pre_bwd_dx_acc_bf16": (lambda: _mhc_pre_bwd_dx_kernel.build(D, "bfloat16", 1, 1, 32, 64, 3, 128, True), True),
-        "pre_bwd_dx_acc_fp16_tail": (lambda: _mhc_pre_bwd_dx_kernel.build(264, "float16", 3, 2, 32, 64, 2, 128, True),
+        "pre_bwd_dx_acc_bf16": (lambda: _mhc_pre_bwd_dx_kernel.build(D, "bfloat16", 1, 1, DxTiles(stages=3), True), True),
+        "pre_bwd_dx_acc_fp16_tail": (lambda: _mhc_pre_bwd_dx_kernel.build(264, "float16", 3, 2, DxTiles(stages=2), True),
                                      True),
     }
 
@@ -64,10 +65,10 @@ def _embedded_cuda_elfs(blob: bytes) -> list[int]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_mhc_kernel_builds_for_sm90a(name):
-    from kernel_dispatch.backends.tilelang._mhc_common import compile_mhc
+    from kernel_dispatch.backends.tilelang._build import compile_kernel
 
     factory, uses_wgmma = _factories()[name]
-    kern = compile_mhc(factory())  # raises (naming the missing package) when no nvcc is found
+    kern = compile_kernel(factory())  # raises (naming the missing package) when no nvcc is found
     src = kern.get_kernel_source()
     assert "__global__" in src
     assert not reads_before_arrival(src), f"{name}: " + "; ".join(reads_before_arrival(src))

@@ -4,7 +4,7 @@ The first step runs eagerly, then each step's forward and backward replay from o
 optimizer step and evaluation stay eager: the same kernels on the same inputs, and at this size the runs agree to the
 bit (H100). At larger batches cuBLAS may choose other matmul algorithms on the capture stream than on the default
 one, so runs can part in the last bits (configs/gpu-small.yaml, 300 steps: eval loss 1.2250 eager, 1.2246 graphed).
-CPU: skipped (the config errors are tested in tests/test_train.py).
+CPU: skipped (marked gpu; the config errors are tested in tests/test_train.py).
 """
 import pytest
 import torch
@@ -12,7 +12,7 @@ import torch
 from kernel_dispatch.training import config as tcfg
 from kernel_dispatch.training import loop
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+pytestmark = pytest.mark.gpu
 
 SMALL_GPU = {
     "model": {"dim": 384, "n_layers": 2, "n_heads": 6, "n_kv_heads": 2, "n_streams": 4, "max_bias_length": 64},

@@ -1,11 +1,11 @@
 """Every shipped config of the autotuned Triton lazy attention kernels, one at a time, on a GPU.
 
-The autotuner may pick any config of a kernel's set, and the checks of scripts/gpu_check_triton_attention.py
-run config 0 only. So on CUDA each config of each kernel is forced alone (the autotuner sees a list of
+The autotuner may pick any config of a kernel's set, and the matrix runs whichever it picks. So on CUDA each
+config of each kernel is forced alone (the autotuner sees a list of
 one; the other two kernels stay autotuned), run twice through the public op with autograd on a case
 that crosses several blocks (GQA, lengths, L not a block multiple, a bias band of several blocks), and
 compared with golden float64 (tolerance table) and with itself (bitwise).
-CPU: skipped (the interpreter runs one small config and neither races nor pipelines).
+CPU: skipped (marked gpu; the interpreter runs one small config and neither races nor pipelines).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .cases import AttnCase, make_inputs
 from .forced_config import check_right_and_deterministic, force_config
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu
 KERNELS = ("fwd", "dq", "dkdv")
 DTYPES = (torch.bfloat16, torch.float32)  # fp16 runs the configs of bf16 ("half")
 
@@ -42,7 +43,7 @@ def _params():
 def test_each_config_is_right_and_deterministic(kernel, dtype, D, index, monkeypatch):
     from kernel_dispatch.backends.triton import lazy_attention as tk
     config = tk.shipped_configs(kernel, D, dtype)[index]
-    force_config(monkeypatch, tk._TUNED[kernel], config)
+    force_config(monkeypatch, tk.KERNELS[kernel], config)
     monkeypatch.delenv(tk.CONFIG_ENV, raising=False)
     inp = make_inputs("lazy_attention", _case(D), dtype, "cuda", seed=5)
     check_right_and_deterministic("lazy_attention", inp, dtype, (dtype, D), f"{kernel} config {config}")

@@ -1,9 +1,7 @@
 """The Triton autotuners tune once per size class, not once for every size (CPU).
 
-The best tiles depend on the token count (mHC) and the sequence length (lazy attention). Keyed on (n, D, dtype)
-alone, winners tuned at T = 4096 ran the mHC block at T = 16384 at 53% of the speed of light instead of 73% (H100,
-docs/gpu-verification.md). Every autotuned kernel's key must hold the size class, and the class must be the
-power-of-two band of the size.
+The best tiles depend on the token count (mHC) and the sequence length (lazy attention) (docs/gpu-verification.md),
+so every autotuned kernel's key must hold the size class, and the class must be the power-of-two band of the size.
 """
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ def test_mhc_keys_hold_the_size_class(name):
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
 def test_attention_keys_hold_the_size_class(kernel):
     from kernel_dispatch.backends.triton import lazy_attention as tk
-    tuner = tk._autotuner(kernel, tk._KERNELS[kernel])  # built here: the interpreter runs untuned
+    tuner = tk.KERNELS[kernel]
     assert "L_CLASS" in tuner.keys, f"{kernel}: autotune key {tuner.keys} lacks L_CLASS"
 
 
@@ -36,3 +34,50 @@ def test_size_class_is_the_power_of_two_band():
     from kernel_dispatch.backends.triton._autotune import size_class
     assert [size_class(n) for n in (1, 2, 3, 4, 4095, 4096, 8191, 8192, 16384)] == [1, 2, 2, 3, 12, 13, 13, 14, 15]
     assert size_class(0) == 1
+
+
+class _FakeKernel:
+    """Stands in for an autotuned kernel: ``fn.warmup`` returns a compiled kernel needing ``needs[BLOCK]`` bytes."""
+
+    __name__ = "fake_kernel"
+
+    def __init__(self, needs: dict):
+        self.needs, self.fn = needs, self
+
+    def warmup(self, grid, **kwargs):
+        from types import SimpleNamespace
+        return SimpleNamespace(metadata=SimpleNamespace(shared=self.needs[kwargs["BLOCK"]]))
+
+
+def test_configs_that_do_not_fit_the_device_are_left_out(monkeypatch):
+    import torch
+    import triton
+
+    from kernel_dispatch.backends.triton import _autotune
+    monkeypatch.setattr(_autotune, "shared_memory_limit", lambda index: 101376)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a small GPU")
+    configs = [triton.Config({"BLOCK": b}, num_warps=4, num_stages=2) for b in (128, 64, 32)]
+    kernel = _FakeKernel({128: 180000, 64: 101376, 32: 40000})
+    assert [c.kwargs["BLOCK"] for c in _autotune.fitting(kernel, configs, {"HEAD_DIM": 64})] == [64, 32]
+    with pytest.raises(_autotune.NoFittingConfig, match="fake_kernel.*101376 bytes"):
+        _autotune.fitting(kernel, configs[:1], {"HEAD_DIM": 64})
+
+
+def test_a_device_below_the_needs_gets_a_reason(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from kernel_dispatch.backends.triton import _fit
+    monkeypatch.setattr(_fit, "NEEDS", {"lazy_attention": 99000})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for limit, expected in ((65536, True), (99000, False), (232448, False)):
+        props = SimpleNamespace(name="some GPU", shared_memory_per_block_optin=limit, shared_memory_per_block=49152)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, p=props: p)
+        reason = _fit.unfit_reason("lazy_attention", {"device": "cuda"})
+        assert (reason is not None) == expected, (limit, reason)
+        if expected:
+            assert "65536 bytes of shared memory per block" in reason and "99000" in reason
+    assert _fit.unfit_reason("lazy_attention", {"device": "cpu"}) is None

@@ -18,33 +18,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_dispatch.backends.triton._compile_check import SM90_SHARED_BYTES
-from kernel_dispatch.backends.triton.lazy_attention import sm90_compile_specs
+from kernel_dispatch.testing.triton_compile import SM90_SHARED_BYTES, lazy_attention_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _WORKER = """
 import json, sys
-from kernel_dispatch.backends.triton._compile_check import compile_sm90, small_async_copies
-from kernel_dispatch.backends.triton.lazy_attention import sm90_compile_specs
-spec = next(s for s in sm90_compile_specs(causal=(True, False)) if s["id"] == sys.argv[1])
-k = compile_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
-                 divisible=spec["divisible"])
+from kernel_dispatch.testing.triton_compile import compile_spec, lazy_attention_specs, small_async_copies
+spec = next(s for s in lazy_attention_specs(causal=(True, False)) if s["id"] == sys.argv[1])
+k = compile_spec(spec)
 ptx = k.asm["ptx"]
 print(json.dumps({"id": spec["id"], "shared": int(k.metadata.shared), "small_copies": small_async_copies(ptx),
                   "asm_gathers": ptx.count("ld.global.nc.f32"), "num_stages": spec["num_stages"]}))
 """
 # The per-row fp32 vectors (LSE, Delta) of the dK/dV loops are pipelined by 4-byte cp.async copies: 14 with 2
 # stages and 22 with 3 at head dim 128, 28 with 2 stages at head dim 16 (8 warps over 32 queries). A bias band
-# gather staged that way (before c2be302) added 64 to 192 per kernel (16 x 128 dK/dV tiles: 32) and made every band
-# tile cost 2.2 times a free one on an H100.
+# gather staged that way (a plain tl.load of the bias row) adds 64 to 192 per kernel (16 x 128 dK/dV tiles: 32)
+# and makes every band tile cost 2.2 times a free one on an H100.
 SMALL_COPIES_PER_STAGE = 16
 
 
 def _quick_ids() -> set[str]:
     seen, quick = set(), set()
     for d in (128, 64, 32, 16):
-        for s in sm90_compile_specs(head_dims=(d,), dtypes=(torch.bfloat16, torch.float32)):
+        for s in lazy_attention_specs(head_dims=(d,), dtypes=(torch.bfloat16, torch.float32)):
             key = s["id"].replace(f"-d{d}-", "-")
             if key not in seen:
                 seen.add(key)
@@ -54,8 +51,8 @@ def _quick_ids() -> set[str]:
 
 def _params():
     quick = _quick_ids()
-    slow_extra = {s["id"] for s in sm90_compile_specs(head_dims=(128,), dtypes=(torch.bfloat16,), causal=(False,))}
-    ids = [s["id"] for s in sm90_compile_specs()] + sorted(slow_extra)
+    slow_extra = {s["id"] for s in lazy_attention_specs(head_dims=(128,), dtypes=(torch.bfloat16,), causal=(False,))}
+    ids = [s["id"] for s in lazy_attention_specs()] + sorted(slow_extra)
     return [pytest.param(i, id=i, marks=() if i in quick else pytest.mark.slow) for i in ids]
 
 

@@ -17,22 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from kernel_dispatch.backends.triton._compile_check import SM90_SHARED_BYTES
+from kernel_dispatch.testing.triton_compile import SM90_SHARED_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _WORKER = """
 import json, sys
 import torch
-from kernel_dispatch.backends.triton import mhc_post, mhc_pre
-from kernel_dispatch.backends.triton._compile_check import compile_for_sm90
-module = {"pre": mhc_pre, "post": mhc_post}[sys.argv[1]]
+from kernel_dispatch.testing.triton_compile import compile_spec, mhc_post_specs, mhc_pre_specs
+specs = {"pre": mhc_pre_specs, "post": mhc_post_specs}[sys.argv[1]]
 dtype = getattr(torch, sys.argv[2])
 out = []
-for spec in module.sm90_compile_specs(dtypes=(dtype,), ns=(int(sys.argv[3]),)):
-    shared = compile_for_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"],
-                              spec["num_stages"], divisible=spec["divisible"])
-    out.append({"id": spec["id"], "shared": shared})
+for spec in specs(dtypes=(dtype,), ns=(int(sys.argv[3]),)):
+    out.append({"id": spec["id"], "shared": int(compile_spec(spec).metadata.shared)})
 print(json.dumps(out))
 """
 

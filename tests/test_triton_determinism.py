@@ -1,7 +1,7 @@
 """Run hygiene of the Triton lazy attention kernels, beyond the equivalence matrix.
 
-- Determinism (CUDA only): the backward run twice on the same inputs is bitwise equal (dbias and
-  dtau by contract; dq, dk, dv too, since no kernel uses atomics).
+Determinism on a GPU is tests/test_determinism_gpu.py (every backend, every case).
+
 - Every output element is written: output buffers are poisoned with NaN before launch, and every
   element must come back finite and right (padded rows, the first causal row with tau <= -1).
 - The CUDA block configs: under the interpreter the launcher uses small blocks; here the shipped
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from kernel_dispatch.backends.triton import lazy_attention as tk
 
@@ -46,21 +47,6 @@ def _run_kernels(inp):
     o, lse = tk.forward(q, k, v, bias, tau, scale, lengths, causal)
     dq, dk, dv, dbias, dtau = tk.backward(inp.grads[0], q, k, v, bias, tau, o, lse, scale, lengths, causal)
     return {"o": o, "dq": dq, "dk": dk, "dv": dv, "dbias": dbias, "dtau": dtau}, lse
-
-
-@pytest.mark.skipif(not CUDA, reason="determinism of the compiled kernels needs a CUDA device "
-                                     "(the interpreter runs programs one at a time)")
-@pytest.mark.parametrize("causal", [True, False])
-def test_backward_is_bitwise_deterministic(causal):
-    case = AttnCase("determinism", B=2, H=8, Hkv=2, L=1000, D=128, W=200, causal=causal, lengths=(1000, 777))
-    inp = make_inputs("lazy_attention", case, torch.bfloat16, DEVICE, seed=3)
-    q, k, v, bias, tau, scale, lengths, causal = _args(inp)
-    o, lse = tk.forward(q, k, v, bias, tau, scale, lengths, causal)
-    first = tk.backward(inp.grads[0], q, k, v, bias, tau, o, lse, scale, lengths, causal)
-    for _ in range(3):
-        again = tk.backward(inp.grads[0], q, k, v, bias, tau, o, lse, scale, lengths, causal)
-        for name, a, b in zip(("dq", "dk", "dv", "dbias", "dtau"), first, again):
-            assert torch.equal(a, b), f"{name} differs between two runs on the same inputs"
 
 
 POISON_CASES = [
@@ -98,8 +84,7 @@ def test_dbias_scratch_in_chunks(per_launch, causal, monkeypatch):
     """dq launches over (b, h) chunks when the dbias partial sums would not fit SCRATCH_ELEMS."""
     case = AttnCase("chunks", B=3, H=3, Hkv=1, L=40, D=16, W=12, causal=causal, lengths=(40, 23, 40))
     inp = make_inputs("lazy_attention", case, torch.float32, DEVICE, seed=4)
-    q = inp.tensors["q"]
-    blk = tk._INTERPRET_CONFIGS["dq"][0] if tk.INTERPRET else tk.shipped_configs("dq", 16, q.dtype)[0].kwargs["BLOCK"]
+    blk = tk.dq_block(inp.tensors["q"])
     n_blocks, seg = -(-case.L // blk), -(-case.W // blk) * (1 if causal else 2)
     per_bh = n_blocks * seg * blk
     monkeypatch.setattr(tk, "SCRATCH_ELEMS", 2 * per_bh if per_launch == "head_slices" else 3 * per_bh)
@@ -125,12 +110,15 @@ def _cuda_block_configs():
     return out
 
 
-@pytest.mark.skipif(not tk.INTERPRET, reason="the CUDA block shapes run natively in the GPU checks")
+@pytest.mark.skipif(not tk.INTERPRET, reason="on a GPU the CUDA block shapes run natively (the matrix, "
+                                              "tests/test_triton_attn_configs_gpu.py)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("fwd_blocks,dq_block,dkdv_blocks", _cuda_block_configs())
 def test_cuda_block_shapes_under_interpreter(fwd_blocks, dq_block, dkdv_blocks, causal, monkeypatch):
-    configs = {"fwd": (*fwd_blocks, 1, 1), "dq": (dq_block, 1, 1), "dkdv": (*dkdv_blocks, 1, 1)}
-    monkeypatch.setattr(tk, "_INTERPRET_CONFIGS", configs)
+    blocks = {"fwd": {"BLOCK_M": fwd_blocks[0], "BLOCK_N": fwd_blocks[1]}, "dq": {"BLOCK": dq_block},
+              "dkdv": {"BLOCK_M": dkdv_blocks[0], "BLOCK_N": dkdv_blocks[1]}}
+    for name, kernel in tk.KERNELS.items():
+        monkeypatch.setattr(kernel, "configs", [triton.Config(blocks[name], num_warps=1, num_stages=1)])
     case = AttnCase("cuda_blocks", B=2, H=2, Hkv=1, L=300, D=16, W=70, causal=causal, lengths=(300, 141))
     inp = make_inputs("lazy_attention", case, torch.float32, DEVICE, seed=2)
     got, _ = _run_kernels(inp)

@@ -1,11 +1,11 @@
 """Every shipped config of the autotuned Triton mHC kernels, one at a time, at a size that fills the GPU.
 
-On an H200 (triton 3.6) four of the five first pre-forward GEMM configs gave wrong, run-to-run
-different h_mix at T >= 1024 while passing at the small shapes of the matrix (a pipelining race),
-and the autotuner would pick one of them. So on CUDA each config is forced alone (the autotuner
+A config with a pipelining race can pass at the small shapes of the matrix and give wrong, run-to-run
+different results at T >= 1024 (triton 3.6 pre-forward GEMM configs, docs/gpu-verification.md), and the
+autotuner may pick any config of a kernel's set. So on CUDA each config is forced alone (the autotuner
 sees a list of one), run twice through the public ops with autograd at T = 2048, n = 4,
 D = 1024, and compared with golden float64 (tolerance table) and with itself (bitwise).
-CPU: skipped (the interpreter runs one config and neither races nor pipelines).
+CPU: skipped (marked gpu; the interpreter runs one config and neither races nor pipelines).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .cases import MHCCase, make_inputs
 from .forced_config import check_right_and_deterministic, force_config
 
 CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.gpu
 CASE = MHCCase("configs", lead=(2048,), D=1024)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

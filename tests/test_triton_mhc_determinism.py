@@ -1,7 +1,7 @@
 """Run hygiene of the Triton mHC kernels, beyond the equivalence matrix.
 
-- Determinism (CUDA only): the backward run twice on the same inputs is bitwise equal (dphi,
-  dalpha, dbias, dgamma by contract; dx and the post gradients too, since no kernel uses atomics).
+Determinism on a GPU is tests/test_determinism_gpu.py (every backend, every case).
+
 - Every output element is written: every buffer the launchers allocate is poisoned with NaN.
 - Stream counts the matrix does not cover (n = 1 and 8), and token splits of the grad kernel
   that do not divide T.
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernel_dispatch.backends.triton import _mhc_pre_bwd as pre_bwd
+from kernel_dispatch.backends.triton import _mhc_pre_bwd_grad as pre_grad
 from kernel_dispatch.backends.triton import _mhc_pre_fwd as pre_fwd
 from kernel_dispatch.backends.triton import mhc_post as tpost
 from kernel_dispatch.backends.triton import mhc_pre as tpre
@@ -25,7 +26,6 @@ from .tolerances import rel_err, tolerance
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-HP = (20, 2.0, 1e-6, 1e-6, 1e-6)  # sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps
 
 
 def _check(op: str, case: MHCCase, dtype: torch.dtype, seed: int = 0) -> None:
@@ -36,31 +36,6 @@ def _check(op: str, case: MHCCase, dtype: torch.dtype, seed: int = 0) -> None:
         assert torch.isfinite(value).all(), f"{op} {name}: not every element written (NaN/inf left)"
         err, tol = rel_err(value, ref[name]), tolerance(op, dtype, name)
         assert err <= tol, f"{op} {case.name} {name}: rel err {err:.3e} > tol {tol:.3e}"
-
-
-def _pre_args(inp):
-    t = inp.tensors
-    return t["x"], t["phi"], t["alpha"], t["bias"], t.get("gamma")
-
-
-@pytest.mark.skipif(not CUDA, reason="determinism of the compiled kernels needs a CUDA device "
-                                     "(the interpreter runs programs one at a time)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_backward_is_bitwise_deterministic(dtype):
-    case = MHCCase("determinism", lead=(4099,), n=4, D=1024)
-    inp = make_inputs("mhc_pre", case, dtype, DEVICE, seed=3)
-    x, phi, alpha, bias, gamma = _pre_args(inp)
-    h_in, h_post, h_res, z, inv_rms = tpre.forward(x, phi, alpha, bias, gamma, *HP)
-    assert tpre._grad_splits(x.shape[0], 4, 1024, x.device)[0] > 1, "the case must use several token splits"
-    first = tpre.backward(*inp.grads, x, phi, alpha, bias, gamma, z, inv_rms, *HP)
-    g = torch.randn(x.shape, device=DEVICE).to(dtype)
-    post_first = tpost.backward(g, h_in, x, h_post, h_res)
-    for _ in range(3):
-        again = tpre.backward(*inp.grads, x, phi, alpha, bias, gamma, z, inv_rms, *HP)
-        for name, a, b in zip(("dx", "dphi", "dalpha", "dbias", "dgamma"), first, again):
-            assert torch.equal(a, b), f"mhc_pre {name} differs between two runs on the same inputs"
-        for name, a, b in zip(("df", "dx", "dh_post", "dh_res"), post_first, tpost.backward(g, h_in, x, h_post, h_res)):
-            assert torch.equal(a, b), f"mhc_post {name} differs between two runs on the same inputs"
 
 
 @pytest.mark.parametrize("op", ["mhc_pre", "mhc_post"])
@@ -91,7 +66,7 @@ def _cuda_config_params():
     params = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         kind = X_KINDS[dtype]
-        fwd, grad = pre_fwd.gemm_configs(kind, 4), pre_bwd.grad_configs(kind, 4)
+        fwd, grad = pre_fwd.gemm_configs(kind, 4), pre_grad.grad_configs(kind, 4)
         tok, pf, pb = pre_bwd.TOKEN_CONFIGS, tpost.FWD_CONFIGS, tpost.BWD_CONFIGS
         for i in range(max(len(fwd), len(grad), len(tok), len(pf), len(pb))):
             cfgs = (fwd[i % len(fwd)], tok[i % len(tok)], grad[i % len(grad)], pf[i % len(pf)], pb[i % len(pb)])
@@ -100,10 +75,11 @@ def _cuda_config_params():
     return params
 
 
-@pytest.mark.skipif(not INTERPRET, reason="the CUDA configs run natively in the GPU checks")
+@pytest.mark.skipif(not INTERPRET, reason="on a GPU the CUDA configs run natively "
+                                           "(tests/test_triton_mhc_configs_gpu.py)")
 @pytest.mark.parametrize("dtype,cfgs", _cuda_config_params())
 def test_cuda_configs_under_interpreter(dtype, cfgs, monkeypatch):
-    kernels = (pre_fwd.mhc_pre_fwd_gemm_kernel, pre_bwd.mhc_pre_bwd_token_kernel, pre_bwd.mhc_pre_bwd_grad_kernel,
+    kernels = (pre_fwd.mhc_pre_fwd_gemm_kernel, pre_bwd.mhc_pre_bwd_token_kernel, pre_grad.mhc_pre_bwd_grad_kernel,
                tpost.mhc_post_fwd_kernel, tpost.mhc_post_bwd_kernel)
     for kernel, cfg in zip(kernels, cfgs):
         monkeypatch.setattr(kernel, "configs", [cfg])

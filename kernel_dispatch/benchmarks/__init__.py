@@ -1,8 +1,9 @@
-"""The benchmark harness behind ``python -m kernel_dispatch.bench``.
+"""The generic harness behind ``python -m kernel_dispatch.bench``; names no operator.
 
+common: the bench module protocol and their discovery from the declarations; one candidate (a backend or
+baseline at one shape), how it is run, its errors; the sweep.
 timing: events, warm-up, L2 flush, median and spread, peak memory, copy bandwidth.
-common: one candidate (a backend or baseline at one shape), how it is run, its errors.
-attention / mhc: the sweeps, inputs, FLOP and byte counts of each operator.
-baselines: what a user would pick instead (SDPA, FlexAttention, torch.compile of golden).
-report / plots / docs: the markdown table and JSON, the PNG plots, docs/benchmarks.md.
+baselines: helpers for baselines (a compiled golden function, dynamic sizes).
+report / plots / docs: the JSON and markdown tables, the PNG plots, docs/benchmarks.md and the README's speed
+summary, each drawing on the bench modules (``kernel_dispatch/ops/*_bench.py``) for an operator's own parts.
 """

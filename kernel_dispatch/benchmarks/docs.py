@@ -1,4 +1,5 @@
-"""docs/benchmarks.md from a run's JSON: environment, conventions, tables and plots.
+"""docs/benchmarks.md from a run's JSON: environment, conventions, tables and plots; and the README's speed
+summary (each bench module's ``summary`` rows, see :mod:`kernel_dispatch.benchmarks.common`).
 
 The page in the repository is written only from a GPU run (``env.device == "cuda"``, not --quick),
 so it never holds CPU numbers or placeholders; a CPU run may preview the page in another folder.
@@ -8,21 +9,21 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import _readme
+from .. import _readme, registry
 from . import plots, report
+from .common import modules, option
 
 DOCS_PAGE = report.REPO / "docs" / "benchmarks.md"
 README_PAGE = _readme.README  # its speed block is written with the docs page
-BASELINES = {
-    "sdpa_flash": "torch SDPA, flash backend, plain causal attention of the same shape (no bias, no tau)",
-    "sdpa_cudnn": "torch SDPA, cuDNN backend, the same plain causal attention",
-    "flex": "FlexAttention with the distance bias as a score_mod and a causal block mask (plain softmax: "
-            "the Elastic-Softmax relu(P + tau/i) needs the final LSE, which a score_mod cannot see); its backward "
-            "takes the bias gradient too, which FlexAttention accumulates by atomic adds of every score into "
-            "bias[h, distance]",
-    "golden_compile": "torch.compile of the golden forward, backward derived by autograd (dense O(L^2) for "
-                      "attention)",
-}
+
+
+def baseline_notes() -> dict[str, str]:
+    """What each baseline is, from the bench modules' BASELINE_NOTES (the first module describing one wins)."""
+    out: dict[str, str] = {}
+    for mod in modules().values():
+        for name, note in option(mod, "BASELINE_NOTES", {}).items():
+            out.setdefault(name, note)
+    return out
 
 
 def is_gpu_run(data: dict) -> bool:
@@ -53,59 +54,27 @@ def render(data: dict, assets: str, images: list[str]) -> str:
               "## How to read the numbers", ""]
     # conventions the run's JSON predates are the code's current wording of what it measured
     conventions = {**data["conventions"],
-                   **{k: v for k, v in report.CONVENTIONS.items() if k not in data["conventions"]}}
+                   **{k: v for k, v in report.conventions().items() if k not in data["conventions"]}}
     lines += [f"- **{k.replace('_', ' ')}**: {v}." for k, v in conventions.items()]
-    lines += ["- **golden, triton, tilelang**: kernel_dispatch backends through the public ops (`backend=`); "
-              "a row marked *not run* gives the registry's reason (`registry.why_not`) or the harness's."]
-    lines += [f"- **{k}** (baseline): {v}." for k, v in BASELINES.items()]
+    lines += [f"- **{', '.join(registry.BACKEND_NAMES)}**: kernel_dispatch backends through the public ops "
+              "(`backend=`); a row marked *not run* gives the registry's reason (`registry.why_not`) or the harness's."]
+    lines += [f"- **{k}** (baseline): {v}." for k, v in baseline_notes().items()]
     lines += ["", report.tables(data, level=2)]
     for img in images:
         lines += ["", f"![{img}]({assets}/{img})"]
     return "\n".join(lines) + "\n"
 
 
-# The README's speed summary: the issues' target shape for lazy attention, the mHC block at its two largest widths.
-SUMMARY_ATTENTION = {"B": 4, "H": 16, "L": 4096, "D": 128, "W": 512}
-SUMMARY_ATTENTION_ROWS = {"tilelang": "tilelang", "triton": "triton",
-                          "sdpa_cudnn": "SDPA cuDNN: plain causal attention (no bias, no Elastic-Softmax)",
-                          "flex": "FlexAttention: bias as score_mod (no Elastic-Softmax), bias gradient included"}
-SUMMARY_MHC = {"T": 16384, "n": 4, "D": (4096, 7168)}
-SUMMARY_MHC_ROWS = {"tilelang": "tilelang", "triton": "triton", "golden_compile": "torch.compile of golden"}
-
-
 def readme_speed(data: dict) -> str:
-    """The README's speed summary (markdown) from a saved GPU run: lazy attention ms at SUMMARY_ATTENTION and the
-    mHC block's fraction of the speed of light at SUMMARY_MHC, each backend and baseline in one row."""
-    def rec(op: str, backend: str, shape: dict):
-        return next((r for r in data["records"] if r["op"] == op and r["backend"] == backend
-                     and all(r["shape"].get(k) == v for k, v in shape.items())), None)
-
-    def ms(r, key):
-        t = (r or {}).get(key) or {}
-        return "—" if "median_ms" not in t else f"{t['median_ms']:.4g}"
-
-    def sol(r, key):
-        return report.pct(((r or {}).get("metrics") or {}).get(f"{key}_sol"))
-
-    a = SUMMARY_ATTENTION
+    """The README's speed summary (markdown) from a saved GPU run: a line naming the card and commit, then each
+    bench module's ``summary`` of its records."""
     lines = [f"Measured on an {data['env'].get('card')} (commit {data['env'].get('git_commit')}; every number, shape "
-             "and baseline in `docs/benchmarks.md`, regenerated with it).", "",
-             f"| lazy attention, bf16, causal, B={a['B']} H={a['H']} L={a['L']} D={a['D']} W={a['W']} "
-             "| fwd ms | fwd+bwd ms |", "|---|---|---|"]
-    for backend, label in SUMMARY_ATTENTION_ROWS.items():
-        r = rec("lazy_attention", backend, a)
-        lines.append(f"| {label} | {ms(r, 'fwd')} | {ms(r, 'fwd_bwd')} |")
-    m = SUMMARY_MHC
-    head = " | ".join(f"D={d} fwd | D={d} fwd+bwd" for d in m["D"])
-    lines += ["", f"| mHC block (pre, identity, post), bf16, T={m['T']} n={m['n']}: fraction of the speed of light "
-              f"| {head} |", "|---|" + "---|" * (2 * len(m["D"]))]
-    for backend, label in SUMMARY_MHC_ROWS.items():
-        cells = []
-        for d in m["D"]:
-            r = rec("mhc", backend, {"T": m["T"], "n": m["n"], "D": d})
-            cells += [sol(r, "fwd"), sol(r, "fwd_bwd")]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+             "and baseline in `docs/benchmarks.md`, regenerated with it)."]
+    for name, mod in modules().items():
+        summary = option(mod, "summary")
+        if summary is not None:
+            lines.append(summary([r for r in data["records"] if r["op"] == name]))
+    return "\n\n".join(lines)
 
 
 def write(data: dict, page: str | Path = DOCS_PAGE, json_path: str | Path | None = None) -> Path:

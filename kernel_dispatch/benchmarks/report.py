@@ -1,4 +1,9 @@
-"""The run's environment, its JSON file, and the markdown tables printed to stdout and used in the docs."""
+"""The run's environment, its JSON file, and the markdown tables printed to stdout and used in the docs.
+
+Each operator's table comes from its bench module (see :mod:`kernel_dispatch.benchmarks.common`), built from
+the cells here (:func:`time_cell`, :func:`err_cell`, ...); records of an operator without one get
+:func:`generic_table`.
+"""
 from __future__ import annotations
 
 import datetime
@@ -13,15 +18,11 @@ import torch
 
 import kernel_dispatch as kd
 
+from .common import modules, option
+
 REPO = Path(__file__).resolve().parents[2]
-CONVENTIONS = {
-    "lazy_attention_flops": "causal FlashAttention convention: fwd 4*B*H*L^2*D/2, bwd 2.5x fwd, fwd+bwd 3.5x fwd",
-    "mhc_bytes": "minimum bytes per token, bf16: fwd pre 10D + post 18D, bwd pre 26D + post 28D "
-                 "(x element size / 2 for other dtypes)",
-    "mhc_sol": "fraction of the speed of light = (minimum bytes / copy bandwidth) / measured time",
-    "mhc_block": "mhc_pre -> identity -> mhc_post wired as kernel_dispatch.nn.MHC wires them: x reaches post "
-                 "through pre's residual output (return_residual=True), so the pre backward adds post's gradient "
-                 "of x inside its dx kernel (the 26D bytes of the pre backward count that read)",
+# How to read the numbers of every bench module; each module's own CONVENTIONS come before these.
+GENERIC_CONVENTIONS = {
     "copy_bandwidth": "dst.copy_(src) of a 1 GiB tensor, bytes read + written over the median time",
     "time": "median of the timed runs (CUDA events), L2 flushed before each; +-x% is half the interquartile "
             "range over the median; fwd is the forward of a training step (autograd on, residuals kept)",
@@ -30,11 +31,19 @@ CONVENTIONS = {
                   "(compilation or disk-cache load, and Triton's autotuning, included); Triton's autotuning winners "
                   "and TileLang's kernels are cached on disk ($TRITON_CACHE_DIR, $TILELANG_CACHE_DIR), so a later "
                   "process pays only the load; the GPU runs recorded here loaded TileLang kernels from a cache built "
-                  "on a CPU machine (scripts/gpu_check_tilelang_*.py --prebuild; a cold build takes about 5-35 s "
-                  "per kernel on 2 CPU cores)",
+                  "on a CPU machine (scripts/prebuild_tilelang.py; a cold build takes about 5-35 s per kernel on "
+                  "2 CPU cores)",
     "errors": "max abs error and ||out - ref|| / ||ref|| against golden float64 on the same inputs (a slice "
               "at large shapes); bwd: the gradient with the largest relative error",
 }
+
+
+def conventions() -> dict[str, str]:
+    """How to read the numbers: every bench module's CONVENTIONS in module order, then the generic ones."""
+    out: dict[str, str] = {}
+    for mod in modules().values():
+        out.update(option(mod, "CONVENTIONS", {}))
+    return {**out, **GENERIC_CONVENTIONS}
 
 
 def _version(dist: str) -> str | None:
@@ -87,7 +96,8 @@ def write_json(data: dict, path: str | Path) -> Path:
 # ----------------------------------------------------------------------------- tables
 
 
-def _num(x: float | None, digits: int = 4) -> str:
+def num(x: float | None, digits: int = 4) -> str:
+    """``x`` to ``digits`` significant digits, or a dash."""
     return "—" if x is None else f"{x:.{digits}g}"
 
 
@@ -96,19 +106,22 @@ def pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.0f}%"
 
 
-def _time(r: dict | None) -> str:
+def time_cell(r: dict | None) -> str:
+    """A :meth:`Timer.measure` dict as 'median ±spread%' (ms; spread: half the interquartile range), or a dash."""
     if not r or "median_ms" not in r:
         return "—"
     spread = 50 * (r["q3_ms"] - r["q1_ms"]) / r["median_ms"] if r["median_ms"] > 0 else 0.0
     return f"{r['median_ms']:.4g} ±{spread:.0f}%"
 
 
-def _peak(rec: dict) -> str:
+def peak_cell(rec: dict) -> str:
+    """Peak MiB of the forward and of the forward+backward of a record, or a dash."""
     vals = [(rec.get(k) or {}).get("peak_mib") for k in ("fwd", "fwd_bwd")]
-    return "—" if all(v is None for v in vals) else " / ".join(_num(v, 5) for v in vals)
+    return "—" if all(v is None for v in vals) else " / ".join(num(v, 5) for v in vals)
 
 
-def _err(rec: dict, field: str) -> str:
+def err_cell(rec: dict, field: str) -> str:
+    """The check's ``field`` (max_abs or rel) of the forward and of the worst gradient (named), or a dash."""
     c = rec.get("check") or {}
     if "error" in c or not c:
         return "—"
@@ -136,36 +149,23 @@ def notes(rec: dict) -> str:
     return "; ".join(parts).replace("|", "\\|")
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: ``header`` (column names) over ``rows`` (lists of cells)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def attention_table(records: list[dict]) -> str:
-    """Markdown table of lazy attention records (one row per shape x backend)."""
-    header = ["B×H×L×D (W)", "backend", "fwd ms", "fwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s",
-              "peak MiB fwd / f+b", "max abs err fwd / bwd", "rel err fwd / bwd", "notes"]
-    rows = []
-    for r in sorted(records, key=lambda r: (r["shape"]["D"], r["shape"]["L"])):
-        s, m = r["shape"], r["metrics"]
-        rows.append([f"{s['B']}×{s['H']}×{s['L']}×{s['D']} ({s['W']})", r["backend"], _time(r["fwd"]),
-                     _num(m.get("fwd_tflops"), 3), _time(r["fwd_bwd"]), _num(m.get("fwd_bwd_tflops"), 3), _peak(r),
-                     _err(r, "max_abs"), _err(r, "rel"), notes(r)])
-    return _table(header, rows)
-
-
-def mhc_table(records: list[dict]) -> str:
-    """Markdown table of mHC block records (one row per shape x backend)."""
-    header = ["T", "n", "D", "backend", "fwd ms", "fwd GB/s", "fwd SOL", "fwd+bwd ms", "fwd+bwd GB/s",
-              "fwd+bwd SOL", "peak MiB fwd / f+b", "max abs err fwd / bwd", "rel err fwd / bwd", "notes"]
-    rows = []
-    for r in sorted(records, key=lambda r: (r["shape"]["D"], r["shape"]["T"])):
-        s, m = r["shape"], r["metrics"]
-        rows.append([str(s["T"]), str(s["n"]), str(s["D"]), r["backend"], _time(r["fwd"]), _num(m.get("fwd_gbps")),
-                     pct(m.get("fwd_sol")), _time(r["fwd_bwd"]), _num(m.get("fwd_bwd_gbps")),
-                     pct(m.get("fwd_bwd_sol")), _peak(r), _err(r, "max_abs"), _err(r, "rel"), notes(r)])
-    return _table(header, rows)
+def generic_table(records: list[dict]) -> str:
+    """Markdown table of any operator's records, in record order: the shape's fields, times, peak memory,
+    errors and notes."""
+    keys = list(dict.fromkeys(k for r in records for k in r["shape"]))
+    header = keys + ["backend", "fwd ms", "fwd+bwd ms", "peak MiB fwd / f+b", "max abs err fwd / bwd",
+                     "rel err fwd / bwd", "notes"]
+    rows = [[str(r["shape"].get(k, "")) for k in keys]
+            + [r["backend"], time_cell(r["fwd"]), time_cell(r["fwd_bwd"]), peak_cell(r), err_cell(r, "max_abs"),
+               err_cell(r, "rel"), notes(r)] for r in records]
+    return markdown_table(header, rows)
 
 
 def env_line(env: dict) -> str:
@@ -175,17 +175,19 @@ def env_line(env: dict) -> str:
 
 
 def tables(data: dict, level: int = 2) -> str:
-    """Every op's table under a heading, in the order lazy attention, mHC."""
+    """Every op's table under a heading, in the order of the bench modules (then ops no declared bench module
+    has, with :func:`generic_table`), and the first-call table."""
     h = "#" * level
     out = []
-    att = [r for r in data["records"] if r["op"] == "lazy_attention"]
-    mhc = [r for r in data["records"] if r["op"] == "mhc"]
-    if att:
-        out.append(f"{h} Lazy attention (causal, {att[0]['dtype']})\n\n{attention_table(att)}")
-    if mhc:
-        bw = data.get("copy_gbps")
-        out.append(f"{h} mHC block: pre -> identity -> post ({mhc[0]['dtype']}; copy bandwidth "
-                   f"{_num(bw)} GB/s)\n\n{mhc_table(mhc)}")
+    mods = modules()
+    ops = list(mods) + [op for op in dict.fromkeys(r["op"] for r in data["records"]) if op not in mods]
+    for op in ops:
+        recs = [r for r in data["records"] if r["op"] == op]
+        if not recs:
+            continue
+        mod = mods.get(op)
+        heading = option(mod, "heading", lambda records, run: op)(recs, data)
+        out.append(f"{h} {heading}\n\n{option(mod, 'table', generic_table)(recs)}")
     first = first_call_table(data["records"])
     if first:
         out.append(f"{h} First call (compilation, cache load and autotuning)\n\n{first}")
@@ -193,11 +195,12 @@ def tables(data: dict, level: int = 2) -> str:
 
 
 def first_call_table(records: list[dict]) -> str:
-    """Seconds of the first call of the Triton and TileLang backends, for the first shape of each kernel
-    class (op and head dim or D): later shapes of a class reuse its compiled kernels (symbolic sizes)."""
+    """Seconds of the first call of every backend but golden (the reference: nothing to compile), for the first
+    shape of each kernel class (op and head dim or D): later shapes of a class reuse its compiled kernels
+    (symbolic sizes)."""
     rows, seen = [], set()
     for r in records:
-        if r["backend"] not in ("triton", "tilelang") or r["kind"] != "kernel":
+        if r["backend"] == "golden" or r["kind"] != "kernel":
             continue
         cls = (r["op"], r["backend"], r["shape"].get("D"))
         first = [(r.get(k) or {}).get("first_call_s") for k in ("fwd", "fwd_bwd")]
@@ -205,7 +208,7 @@ def first_call_table(records: list[dict]) -> str:
             continue
         seen.add(cls)
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
-        rows.append(f"| {r['op']} | {shape} | {r['backend']} | {_num(first[0])} | {_num(first[1])} |")
+        rows.append(f"| {r['op']} | {shape} | {r['backend']} | {num(first[0])} | {num(first[1])} |")
     if not rows:
         return ""
     return "\n".join(["| op | first shape of its class | backend | fwd first call s | fwd+bwd first call s |",
@@ -213,7 +216,7 @@ def first_call_table(records: list[dict]) -> str:
 
 
 def failures(records: list[dict]) -> list[str]:
-    """One line per kernel backend (golden, triton, tilelang) whose run raised."""
+    """One line per run of a kernel_dispatch backend (not a baseline) that raised."""
     out = []
     for r in records:
         if r["kind"] != "kernel":

@@ -113,6 +113,17 @@ def lazy_attention_meta(q: Tensor, k: Tensor, bias: Tensor, lengths: Optional[Te
             "lengths": lengths is not None, "causal": bool(causal), "bias_length": bias.shape[1]}
 
 
+def check_parameters(bias, tau, scale, H: int) -> None:
+    """The checks every lazy attention operator makes of bias [H, W], tau [H] and scale."""
+    check_tensor("bias", bias, dtypes=PARAM_DTYPES, ndim=2)
+    if bias.shape[0] != H or bias.shape[1] < 1:
+        raise ValueError(f"bias: expected shape [H, W] = [{H}, W] with W >= 1, got {fmt_shape(bias)}")
+    check_tensor("tau", tau, dtypes=PARAM_DTYPES, ndim=1)
+    check_shape("tau", tau, (H,), "[H]")
+    if scale is not None:
+        check_float("scale", scale)
+
+
 def validate(q, k, v, bias, tau, scale, lengths, causal) -> None:
     """Raise TypeError/ValueError naming the argument for anything outside the contract."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -130,13 +141,7 @@ def validate(q, k, v, bias, tau, scale, lengths, causal) -> None:
         raise ValueError(f"k: its head count Hkv = {Hkv} must divide the {H} heads of q (H % Hkv == 0)")
     check_shape("k", k, (B, Hkv, L, D), "[B, Hkv, L, D]")
     check_shape("v", v, (B, Hkv, L, D), "[B, Hkv, L, D]")
-    check_tensor("bias", bias, dtypes=PARAM_DTYPES, ndim=2)
-    if bias.shape[0] != H or bias.shape[1] < 1:
-        raise ValueError(f"bias: expected shape [H, W] = [{H}, W] with W >= 1, got {fmt_shape(bias)}")
-    check_tensor("tau", tau, dtypes=PARAM_DTYPES, ndim=1)
-    check_shape("tau", tau, (H,), "[H]")
-    if scale is not None:
-        check_float("scale", scale)
+    check_parameters(bias, tau, scale, H)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if lengths is not None:
@@ -212,7 +217,7 @@ def _declaration() -> Operator:
         gradients={"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "tau": "dtau"},
         env_var="LAZYATTN_BACKEND", group="lazy_attention", info_facts=INFO_FACTS,
         per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
-        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.benchmarks.attention",
+        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.ops.lazy_attention_bench",
         value_checks=value_checks, bad_values=cases.BAD_VALUES)
 
 

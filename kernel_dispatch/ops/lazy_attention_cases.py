@@ -1,7 +1,7 @@
 """Lazy attention test cases (shapes that break kernels) and their random inputs, for the equivalence matrix."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,10 +22,10 @@ class AttnCase:
     lengths: tuple[int, ...] | None = None
     noncontig: bool = False
     tau: tuple[float, ...] | None = None  # per head; None: a mix of signs, never exactly -1
-    big: bool = False  # only on a GPU
+    gpu_only: bool = False  # runs on a CUDA device only
 
 
-CASES = (
+_SMALL = (
     AttnCase("multihead"),
     AttnCase("len_not_block_multiple", L=37, W=5),
     AttnCase("len1_w_gt_l", L=1, W=4),
@@ -41,10 +41,25 @@ CASES = (
     AttnCase("tau_below_minus1", tau=(-1.5, -3.0, -1.2), L=24),
     # tau = -1 exactly (the usual initial value): rows with one visible key sit on the relu kink
     AttnCase("tau_minus1_one_key_rows", B=3, H=2, Hkv=1, L=24, D=64, tau=(-1.0, -1.0), lengths=(24, 1, 9)),
-    AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, big=True),
-    AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), big=True),
+)
+# On a GPU the small cases run again at the head dims the kernel backends ship: TileLang runs no other, and
+# Triton's CUDA tile configs depend on the head dim.
+KERNEL_HEAD_DIMS = (64, 128)
+CASES = _SMALL + tuple(
+    replace(c, name=f"{c.name}_d{D}", D=D, gpu_only=True) for c in _SMALL for D in KERNEL_HEAD_DIMS if D != c.D
+) + (
+    AttnCase("realistic_d128", B=2, H=16, Hkv=16, L=4096, D=128, W=512, gpu_only=True),
+    AttnCase("realistic_gqa_lengths", B=2, H=16, Hkv=4, L=2048, D=64, W=256, lengths=(2048, 1500), gpu_only=True),
+    AttnCase("realistic_noncausal_lengths", B=2, H=16, Hkv=16, L=2048, D=128, W=512, causal=False,
+             lengths=(2048, 1501), gpu_only=True),
+    AttnCase("realistic_noncontig", B=1, H=16, Hkv=16, L=2048, D=128, W=512, noncontig=True, gpu_only=True),
+    AttnCase("realistic_tau_positive", B=1, H=16, Hkv=16, L=2048, D=64, W=512, tau=(0.3, 0.05, 1.0, 0.5) * 4,
+             gpu_only=True),
+    AttnCase("realistic_tau_below_minus1", B=1, H=16, Hkv=16, L=2048, D=128, W=512,
+             tau=(-1.5, -3.0, -1.2, -1.0) * 4, gpu_only=True),
+    AttnCase("realistic_w_gt_l", B=2, H=16, Hkv=16, L=1024, D=128, W=1536, gpu_only=True),
     # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
-    AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, big=True),
+    AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, gpu_only=True),
 )
 
 

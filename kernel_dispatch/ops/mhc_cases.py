@@ -17,7 +17,7 @@ class MHCCase:
     D: int = 16
     gamma: bool = True
     noncontig: bool = False
-    big: bool = False
+    gpu_only: bool = False  # runs on a CUDA device only
 
 
 CASES = (
@@ -28,7 +28,12 @@ CASES = (
     MHCCase("wide", lead=(5,), D=520),
     MHCCase("two_streams", lead=(9,), n=2, D=40),
     MHCCase("noncontig", lead=(6,), D=32, noncontig=True),
-    MHCCase("realistic", lead=(16384,), D=4096, big=True),
+    # the feature sizes SPEC names for the kernels (n = 4, D in {1280, 2560, 4096, 7168})
+    MHCCase("d1280", lead=(96,), D=1280, gpu_only=True),
+    MHCCase("d2560", lead=(64,), D=2560, gpu_only=True),
+    MHCCase("d7168", lead=(40,), D=7168, gpu_only=True),
+    MHCCase("d7168_noncontig_no_gamma", lead=(33,), D=7168, gamma=False, noncontig=True, gpu_only=True),
+    MHCCase("realistic", lead=(16384,), D=4096, gpu_only=True),
 )
 
 

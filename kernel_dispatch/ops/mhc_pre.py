@@ -210,7 +210,7 @@ def _declaration() -> Operator:
         gradients={"x": "dx", "phi": "dphi", "alpha": "dalpha", "bias": "dbias", "gamma": "dgamma"},
         env_var="MHC_BACKEND", group="mhc", info_facts=INFO_FACTS,
         tolerances={k: Tolerance(*v) for k, v in tol.items()},
-        cases=cases.CASES, make_inputs=cases.make_pre_inputs, bench="kernel_dispatch.benchmarks.mhc")
+        cases=cases.CASES, make_inputs=cases.make_pre_inputs, bench="kernel_dispatch.ops.mhc_bench")
 
 
 DECLARATION = declare(_declaration())

@@ -74,13 +74,13 @@ def facts(op: str, inp: Inputs) -> dict:
 def run(op: str, inp: Inputs, backend, backward: bool = True) -> dict[str, torch.Tensor]:
     """Call ``op`` through its public function with ``backend``; return outputs and input gradients by name.
 
-    Floating tensors whose name the declaration lists in ``gradients`` are leaves that require grad
-    (when ``backward``); clones keep the caller's strides.
+    Tensors whose name the declaration lists in ``gradients`` are leaves that require grad (when
+    ``backward``), those in ``mutated`` fresh copies; clones keep the caller's strides.
     """
     decl = declaration.operator(op)
     backward = backward and bool(decl.gradients)
-    leaves = {k: (v.detach().clone().requires_grad_(backward) if k in decl.gradients else v)
-              for k, v in inp.tensors.items()}
+    leaves = {k: (v.detach().clone().requires_grad_(backward) if k in decl.gradients
+                  else v.clone() if k in decl.mutated else v) for k, v in inp.tensors.items()}
     outs = decl.function(**leaves, **inp.kwargs, backend=backend)
     outs = outs if isinstance(outs, tuple) else (outs,)
     result = {name: o.detach() for name, o in zip(decl.outputs, outs)}
@@ -113,3 +113,12 @@ def check(op: str, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], d
                 if eh > tol:
                     failures.append(f"{name} head {h}: rel err {eh:.3e} > tol {tol:.3e}")
     return failures
+
+
+def poison_cuda_cache(nbytes: int = 1 << 30) -> None:
+    """Leave 0xFF bytes (NaN in every float dtype) in the free blocks of torch's CUDA caching allocator, one
+    large block and many small ones, so an output element a kernel never writes reads back as NaN whenever
+    its buffer comes from those blocks."""
+    big = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device="cuda")
+    small = [torch.full((1 << 19,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(64)]
+    del big, small

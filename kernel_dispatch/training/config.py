@@ -43,6 +43,7 @@ class DataConfig:
     path: str = "data/austen.txt"
     seq_len: int = 64
     val_fraction: float = 0.05
+    pack: bool = False  # pack the chapters into each step's batch_size * seq_len tokens (see training/data.py)
 
 
 @dataclass
@@ -69,6 +70,8 @@ class TrainConfig:
     dist: str = "ddp"  # under torchrun: ddp | fsdp2
     compile: bool = False
     cuda_graph: bool = False  # capture each step's forward+backward in a CUDA graph (one CUDA process)
+    mhc_recompute: bool = False  # rebuild the mHC streams in the backward (kernel_dispatch/mhc_recompute.py)
+    mhc_recompute_block: int = 0  # mHC wrappers per recompute block; 0: sqrt(n * 2 n_layers / (n + 2))
     progress: bool = True  # the tqdm bar (rank 0)
     plot: bool = True  # loss.png in out_dir at the end
 
@@ -118,6 +121,21 @@ def validate(cfg: RunConfig) -> None:
                           "torch.compile(mode='reduce-overhead') is the compiled form)")
     if cfg.train.cuda_graph and cfg.train.device == "cpu":
         raise ConfigError("train.cuda_graph: needs train.device cuda (or auto on a CUDA machine), got cpu")
+    _validate_pack_and_recompute(cfg)
+
+
+def _validate_pack_and_recompute(cfg: RunConfig) -> None:
+    tc = cfg.train
+    if cfg.data.pack and tc.cuda_graph:
+        raise ConfigError("data.pack: cannot be combined with train.cuda_graph (the document boundaries change "
+                          "every step; a captured step has fixed inputs)")
+    if tc.mhc_recompute_block < 0:
+        raise ConfigError(f"train.mhc_recompute_block: expected >= 0 (0: the paper's optimum), got "
+                          f"{tc.mhc_recompute_block}")
+    if tc.mhc_recompute and (tc.compile or tc.cuda_graph):
+        other = "compile" if tc.compile else "cuda_graph"
+        raise ConfigError(f"train.mhc_recompute: cannot be combined with train.{other} (its saved-tensor hooks "
+                          "run in eager autograd only)")
 
 
 def _get(cfg: RunConfig, dotted: str):

@@ -24,9 +24,9 @@ from tqdm import tqdm
 from ..config import ConfigError
 from . import checkpoint, distributed
 from .config import RunConfig, to_dict
-from .data import ByteCorpus, ShardedSampler, eval_batches
+from .data import IGNORE, ByteCorpus, PackedSampler, ShardedSampler, eval_batches, packed_eval_batches
 from .graphed import GraphedStep
-from .model import LazyLM, backend_line, resolve_backends
+from .model import LazyLM, backend_line, recompute_block, resolve_backends
 from .plot import loss_curve
 
 
@@ -58,7 +58,7 @@ def _autocast(cfg: RunConfig, device: torch.device):
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, reduction: str = "mean"):
     with _autocast(cfg, x.device):
         logits = model(x)
-    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction=reduction)
+    return F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction=reduction, ignore_index=IGNORE)
 
 
 def _check_cuda_graph(cfg: RunConfig, env: distributed.DistEnv) -> None:
@@ -76,7 +76,7 @@ def evaluate(model: nn.Module, batches: list, cfg: RunConfig, env: distributed.D
     total, count = 0.0, 0
     for x, y in batches:
         total += _loss(model, x.to(env.device), y.to(env.device), cfg, reduction="sum").item()
-        count += y.numel()
+        count += int((y != IGNORE).sum())
     model.train(was_training)
     total, count = distributed.sum_over_ranks([total, float(count)], env)
     return total / count
@@ -112,15 +112,25 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
 
     torch.manual_seed(tc.seed)
     corpus = ByteCorpus(cfg.data.path, cfg.data.val_fraction, cfg.data.seq_len)
-    sampler = ShardedSampler(corpus.train, cfg.data.seq_len, tc.batch_size, tc.seed, env.rank, env.world)
     n_eval = -(-tc.eval_batches // env.world) * env.world  # equal count per rank (FSDP2 forwards are collective)
-    val = eval_batches(corpus.val, cfg.data.seq_len, tc.batch_size, n_eval, env.rank, env.world)
-    net = LazyLM(cfg.model, act_dtype).to(dev)
-    resolutions = resolve_backends(cfg.model, dev, act_dtype)
+    if cfg.data.pack:
+        sampler = PackedSampler(corpus.train, corpus.train_docs, cfg.data.seq_len, tc.batch_size, tc.seed,
+                                env.rank, env.world)
+        val = packed_eval_batches(corpus.val, corpus.val_docs, cfg.data.seq_len, tc.batch_size, n_eval, env.rank,
+                                  env.world)
+    else:
+        sampler = ShardedSampler(corpus.train, cfg.data.seq_len, tc.batch_size, tc.seed, env.rank, env.world)
+        val = eval_batches(corpus.val, cfg.data.seq_len, tc.batch_size, n_eval, env.rank, env.world)
+    mhc_recompute = recompute_block(cfg.model, tc.mhc_recompute_block) if tc.mhc_recompute else 0
+    net = LazyLM(cfg.model, act_dtype, mhc_recompute).to(dev)
+    resolutions = resolve_backends(cfg.model, dev, act_dtype, packed=cfg.data.pack)
     n_params = sum(p.numel() for p in net.parameters())
     where = f"{env.world} ranks ({'DDP' if tc.dist == 'ddp' else 'FSDP2'})" if env.distributed else "1 process"
+    data_line = f"{len(corpus.train):,} training bytes" + (
+        f" packed from {len(corpus.train_docs)} chapters" if cfg.data.pack else "")
+    recompute_line = f" | mHC recompute every {mhc_recompute} wrappers" if mhc_recompute else ""
     log(f"train: {config_name or 'config'} | {n_params:,} parameters | {dev.type} {tc.dtype} | {where} | "
-        f"{len(corpus.train):,} training bytes")
+        f"{data_line}{recompute_line}")
     log(backend_line(resolutions))
 
     model = distributed.wrap(net, env, tc.dist)
@@ -189,7 +199,7 @@ def _train(cfg: RunConfig, env: distributed.DistEnv, resume: str | None, config_
     summary = {
         "config": config_name, "steps": step, "world_size": env.world, "device": _device_name(dev),
         "dtype": tc.dtype, "dist": tc.dist if env.distributed else None, "compile": tc.compile,
-        "cuda_graph": tc.cuda_graph,
+        "cuda_graph": tc.cuda_graph, "pack": cfg.data.pack, "mhc_recompute": mhc_recompute,
         "backends": [str(r) for r in resolutions], "parameters": n_params,
         "initial_eval_loss": history["eval"][0][1] if history["eval"] else None,
         "final_eval_loss": history["eval"][-1][1] if history["eval"] else None,

@@ -7,10 +7,11 @@ On a machine without a system toolkit the pip packages ``nvidia-cuda-nvcc`` and
 to cubins for ``sm_90a`` on a CPU-only machine (never ask for target ``"cuda"``/``"auto"`` there:
 TileLang then probes for a device).
 
-Compiled kernels are cached on disk by TileLang itself, under ``$TILELANG_CACHE_DIR``
-(default ``~/.tilelang/cache``): ``<version>/linux-x86_64/kernels`` (whole kernels, keyed by the
-kernel's TIR, target and pass configs) and ``<version>/cuda-binaries`` (cubins keyed by the CUDA
-source). A kernel built here for ``sm_90a`` is therefore a cache hit on an H100/H200 host.
+:func:`kernel` is the backend's one compiled-kernel cache: every launcher gets its kernels from it, compiled once
+per process. TileLang also caches them on disk, under ``$TILELANG_CACHE_DIR`` (default ``~/.tilelang/cache``):
+``<version>/linux-x86_64/kernels`` (whole kernels, keyed by the kernel's TIR, target and pass configs) and
+``<version>/cuda-binaries`` (cubins keyed by the CUDA source). A kernel built here for ``sm_90a`` is therefore a
+cache hit on an H100/H200 host.
 """
 from __future__ import annotations
 
@@ -96,3 +97,15 @@ def compile_kernel(prim_func, target: dict | None = None):
     tilelang = import_tilelang()
     return tilelang.compile(prim_func, target=dict(target or SM90A), execution_backend="tvm_ffi",
                             pass_configs=dict(PASS_CONFIGS))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(factory, args: tuple, target: tuple):
+    return compile_kernel(factory(*args), dict(target))
+
+
+def kernel(factory, args: tuple, device=None):
+    """The compiled kernel of ``factory(*args)`` (a kernel factory's ``T.prim_func``) for CUDA ``device``'s
+    target (:func:`device_target`; sm_90a when ``device`` is None), compiled once per process."""
+    target = SM90A if device is None else device_target(device)
+    return _compiled(factory, tuple(args), tuple(sorted(target.items())))

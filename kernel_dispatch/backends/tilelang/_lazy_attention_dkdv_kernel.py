@@ -14,7 +14,7 @@ reproducible.
 
 Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H]
 fp32; Lens [B] int32; LSE, Delta [B, H, LP] fp32 and InvI [B, LP] fp32 (1/i of each row),
-LP >= L a multiple of 4 (rows of the TMA-loaded vectors must be 16-byte aligned).
+LP >= L a multiple of ROW_ALIGN (rows of the TMA-loaded vectors must be 16-byte aligned).
 Out: dK, dV [B, Hkv, L, D] in k's dtype; Partial [B, H, NKB, WP] fp32, zero-initialised,
 NKB = ceil(L / block_n), WP = min(W, L) (no distance reaches L). B, H, Hkv, L, LP, W, NKB, WP
 are symbolic.
@@ -23,19 +23,21 @@ are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LOG2E, is_free_tile, one_key_probs_macro, score_macro
+from ._lazy_attention_tiles import LOG2E, Tiles, is_free_tile, mask_of, one_key_probs_macro, relu, score_macro
+
+ROW_ALIGN = 4  # LP, the row length of LSE, Delta and InvI, is a multiple of this (16 bytes of fp32)
+CONFIGS = {64: Tiles(block_m=64, block_n=128, threads=256, num_stages=2),
+           128: Tiles(block_m=64, block_n=128, threads=256, num_stages=2)}
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: int = 128, threads: int = 256,
-          num_stages: int = 2, with_dbias: bool = True):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The dK/dV ``T.prim_func`` (block_m queries x block_n keys per tile); parameters: Q, K, V, dO,
-    Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, scale. ``with_dbias=False`` leaves Partial alone
-    (timing experiments only)."""
+    Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, scale."""
     import_tilelang()
     import tilelang.language as T
 
-    D, BM, BN, NS = head_dim, block_m, block_n, threads
+    D, BM, BN, NS, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     assert BM % 2 == 0, "block_m must be even"
     f32 = "float32"
     B, H, Hkv, L, LP, W, NKB, WP = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP")
@@ -59,7 +61,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
         Partial: T.Tensor([B, H, NKB, WP], f32),
         scale: T.float32,
     ):
-        with T.Kernel(Hkv, B, T.ceildiv(L, BN), threads=threads) as (by, bz, bx):
+        with T.Kernel(Hkv, B, T.ceildiv(L, BN), threads=NS) as (by, bz, bx):
             K_s = T.alloc_shared([BN, D], dtype)
             V_s = T.alloc_shared([BN, D], dtype)
             Q_s = T.alloc_shared([BM, D], dtype)
@@ -115,13 +117,12 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                 T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 tau = Tau[hv]
                 # Everything that uses shared scratch (the bias table, dS for the dbias sums) stays in the masked
-                # branch, so free tiles run without a CTA barrier and the two warpgroups drift apart (1.50 vs 1.58 ms
-                # on an H100 with the dbias sums after the GEMMs, where TileLang put their barriers in every tile)
+                # branch, so free tiles run without a CTA barrier and the two warpgroups drift apart
                 if is_free_tile(m0v, n0, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
                     for i, j in T.Parallel(BN, BM):
                         pT[i, j] = T.exp2(sT[i, j] * sc2 - lse_s[j] * LOG2E)
-                        aT_cast[i, j] = T.max(pT[i, j] + tau * inv_s[j], T.float32(0))
-                        dpT[i, j] = T.if_then_else(pT[i, j] + tau * inv_s[j] > 0, dpT[i, j], T.float32(0))
+                        aT_cast[i, j] = relu(pT[i, j] + tau * inv_s[j])
+                        dpT[i, j] = dpT[i, j] * mask_of(pT[i, j] + tau * inv_s[j] > 0)
                     for i, j in T.Parallel(BN, BM):
                         dsT_cast[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS
                 else:
@@ -132,64 +133,63 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 64, block_n: i
                     for i, j in T.Parallel(BN, BM):
                         # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
                         keep = T.And(sT[i, j] > -T.infinity(f32), pT[i, j] + tau * inv_s[j] > 0)
-                        aT_cast[i, j] = T.if_then_else(keep, pT[i, j] + tau * inv_s[j], T.float32(0))
-                        dpT[i, j] = T.if_then_else(keep, dpT[i, j], T.float32(0))
+                        aT_cast[i, j] = T.if_then_else(sT[i, j] == -T.infinity(f32), T.float32(0),
+                                                       relu(pT[i, j] + tau * inv_s[j]))
+                        dpT[i, j] = dpT[i, j] * mask_of(keep)
                     for i, j in T.Parallel(BN, BM):
                         sT[i, j] = pT[i, j] * (dpT[i, j] - delta_s[j])  # dS, kept in fp32 for the dbias sums
                         dsT_cast[i, j] = sT[i, j]
-                    if with_dbias:
-                        # dbias: diagonal sums of dS over the distances t < W that this tile holds. Key row i,
-                        # query column j lies at signed distance d0 + j - i; slot x owns t = t_base + c * NS + x
-                        # in every tile, so each Partial entry is read and written by one thread, in tile order.
-                        d0 = m0v - n0
-                        lo = d0 - (BN - 1)
-                        hi = d0 + (BM - 1)
-                        if causal:
-                            t_lo = T.max(lo, 0)
-                            t_hi = T.min(T.min(hi, W - 1), WP - 1)
-                        else:
-                            t_lo = T.if_then_else(lo > 0, lo, T.if_then_else(hi < 0, -hi, 0))
-                            t_hi = T.min(T.min(T.max(hi, -lo), W - 1), WP - 1)
-                        t_base = T.floordiv(t_lo, NS) * NS
-                        if t_lo <= t_hi:
-                            T.copy(sT, ds_s[0:BN, 0:BM])
-                            for c in T.serial(T.floordiv(t_hi - t_base, NS) + 1):
+                    # dbias: diagonal sums of dS over the distances t < W that this tile holds. Key row i,
+                    # query column j lies at signed distance d0 + j - i; slot x owns t = t_base + c * NS + x
+                    # in every tile, so each Partial entry is read and written by one thread, in tile order.
+                    d0 = m0v - n0
+                    lo = d0 - (BN - 1)
+                    hi = d0 + (BM - 1)
+                    if causal:
+                        t_lo = T.max(lo, 0)
+                        t_hi = T.min(T.min(hi, W - 1), WP - 1)
+                    else:
+                        t_lo = T.if_then_else(lo > 0, lo, T.if_then_else(hi < 0, -hi, 0))
+                        t_hi = T.min(T.min(T.max(hi, -lo), W - 1), WP - 1)
+                    t_base = T.floordiv(t_lo, NS) * NS
+                    if t_lo <= t_hi:
+                        T.copy(sT, ds_s[0:BN, 0:BM])
+                        for c in T.serial(T.floordiv(t_hi - t_base, NS) + 1):
+                            for x in T.Parallel(NS):
+                                # the earlier tiles' sum, loaded first so its latency hides behind the loop
+                                prev[x] = T.if_then_else(
+                                    T.And(t_base + c * NS + x >= t_lo, t_base + c * NS + x <= t_hi),
+                                    Partial[bz, hv, bx, T.max(T.min(t_base + c * NS + x, WP - 1), 0)],
+                                    T.float32(0))
+                                diag[x] = T.float32(0)
+                                diag2[x] = T.float32(0)
+                            for jp in T.unroll(BM // 2):  # two accumulators: shorter dependency chains
                                 for x in T.Parallel(NS):
-                                    # the earlier tiles' sum, loaded first so its latency hides behind the loop
-                                    prev[x] = T.if_then_else(
-                                        T.And(t_base + c * NS + x >= t_lo, t_base + c * NS + x <= t_hi),
-                                        Partial[bz, hv, bx, T.max(T.min(t_base + c * NS + x, WP - 1), 0)],
-                                        T.float32(0))
-                                    diag[x] = T.float32(0)
-                                    diag2[x] = T.float32(0)
-                                for jp in T.unroll(BM // 2):  # two accumulators: shorter dependency chains
-                                    for x in T.Parallel(NS):
-                                        t = t_base + c * NS + x
-                                        i1 = d0 + 2 * jp - t
+                                    t = t_base + c * NS + x
+                                    i1 = d0 + 2 * jp - t
+                                    diag[x] = diag[x] + T.if_then_else(
+                                        T.And(i1 >= 0, i1 < BN),
+                                        ds_s[T.max(T.min(i1, BN - 1), 0), 2 * jp], T.float32(0))
+                                    diag2[x] = diag2[x] + T.if_then_else(
+                                        T.And(i1 + 1 >= 0, i1 + 1 < BN),
+                                        ds_s[T.max(T.min(i1 + 1, BN - 1), 0), 2 * jp + 1], T.float32(0))
+                                    if not causal:  # the mirrored diagonal -t
+                                        i2 = d0 + 2 * jp + t
                                         diag[x] = diag[x] + T.if_then_else(
-                                            T.And(i1 >= 0, i1 < BN),
-                                            ds_s[T.max(T.min(i1, BN - 1), 0), 2 * jp], T.float32(0))
+                                            T.And(T.And(i2 >= 0, i2 < BN), t > 0),
+                                            ds_s[T.max(T.min(i2, BN - 1), 0), 2 * jp], T.float32(0))
                                         diag2[x] = diag2[x] + T.if_then_else(
-                                            T.And(i1 + 1 >= 0, i1 + 1 < BN),
-                                            ds_s[T.max(T.min(i1 + 1, BN - 1), 0), 2 * jp + 1], T.float32(0))
-                                        if not causal:  # the mirrored diagonal -t
-                                            i2 = d0 + 2 * jp + t
-                                            diag[x] = diag[x] + T.if_then_else(
-                                                T.And(T.And(i2 >= 0, i2 < BN), t > 0),
-                                                ds_s[T.max(T.min(i2, BN - 1), 0), 2 * jp], T.float32(0))
-                                            diag2[x] = diag2[x] + T.if_then_else(
-                                                T.And(T.And(i2 + 1 >= 0, i2 + 1 < BN), t > 0),
-                                                ds_s[T.max(T.min(i2 + 1, BN - 1), 0), 2 * jp + 1], T.float32(0))
-                                for x in T.Parallel(NS):
-                                    if T.And(t_base + c * NS + x >= t_lo, t_base + c * NS + x <= t_hi):
-                                        Partial[bz, hv, bx, t_base + c * NS + x] = prev[x] + (diag[x] + diag2[x])
+                                            T.And(T.And(i2 + 1 >= 0, i2 + 1 < BN), t > 0),
+                                            ds_s[T.max(T.min(i2 + 1, BN - 1), 0), 2 * jp + 1], T.float32(0))
+                            for x in T.Parallel(NS):
+                                if T.And(t_base + c * NS + x >= t_lo, t_base + c * NS + x <= t_hi):
+                                    Partial[bz, hv, bx, t_base + c * NS + x] = prev[x] + (diag[x] + diag2[x])
                 T.gemm(aT_cast, dO_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dsT_cast, Q_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
 
             for i, j in T.Parallel(BN, D):
                 acc_dk[i, j] = acc_dk[i, j] * scale
-            # K and V are no longer read: their tiles stage dK and dV for TMA stores (1.40 vs 1.50 ms on an H100
-            # against the fragments' own per-element stores)
+            # K and V are no longer read: their tiles stage dK and dV for TMA stores
             T.copy(acc_dk, K_s)
             T.copy(acc_dv, V_s)
             T.copy(K_s, dK[bz, by, n0:n0 + BN, :])

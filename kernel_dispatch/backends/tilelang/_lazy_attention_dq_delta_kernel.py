@@ -24,20 +24,23 @@ dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, is_free_tile,
-                                    is_one_key_row, key_blocks, one_key_rows_macro, row_block,
+from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    is_one_key_row, key_blocks, mask_of, one_key_rows_macro, row_block,
                                     score_macro)
+
+# 64-key tiles keep the two fp32 accumulators (X, Y) in registers
+CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
+           128: Tiles(block_m=128, block_n=64, threads=256, num_stages=2)}
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 64, threads: int = 256,
-          num_stages: int = 2):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, D0, Delta,
     Rdiv, dQ, scale."""
     import_tilelang()
     import tilelang.language as T
 
-    D, BM, BN = head_dim, block_m, block_n
+    D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
     B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
@@ -96,6 +99,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 lse2[i] = lse2[i] * LOG2E
                 inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
                 thr[i] = tau * inv_i[i]
+                d0[i] = T.if_then_else(T.isfinite(d0[i]), d0[i], T.float32(0))  # any row constant will do
             T.fill(r_acc, 0)
             T.fill(d_acc, 0)
             T.clear(acc_x)
@@ -108,14 +112,14 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
                     for i, j in T.Parallel(BM, BN):
                         s[i, j] = T.exp2(s[i, j] * sc2 - lse2[i])
-                        dp[i, j] = T.if_then_else(s[i, j] + thr[i] > 0, dp[i, j], T.float32(0))
+                        dp[i, j] = dp[i, j] * mask_of(s[i, j] + thr[i] > 0)
                 else:
                     scores(s, m0, k * BN, lb, sc2, Bias, by, table)
                     one_key_rows(s, lse2, m0, k * BN, lb, tmp)
                     for i, j in T.Parallel(BM, BN):
                         # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
-                        dp[i, j] = T.if_then_else(T.And(s[i, j] > -T.infinity(f32), T.exp2(s[i, j] - lse2[i]) + thr[i] > 0),
-                                                  dp[i, j], T.float32(0))
+                        dp[i, j] = dp[i, j] * mask_of(T.And(s[i, j] > -T.infinity(f32),
+                                                            T.exp2(s[i, j] - lse2[i]) + thr[i] > 0))
                         s[i, j] = T.exp2(s[i, j] - lse2[i])
                 T.reduce_sum(dp, r_blk, dim=1)
                 for i, j in T.Parallel(BM, BN):
@@ -129,8 +133,9 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 T.gemm(g_cast, K_s, acc_x, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(p_cast, K_s, acc_y, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):
-                # a row with one visible key has dS = 0 exactly; X and (Delta - D0) Y would leave a rounding
-                one = is_one_key_row(m0 + i, lb, causal)
+                # a row with one visible key has dS = 0 exactly; X and (Delta - D0) Y would leave a rounding (unless
+                # the row is NaN)
+                one = T.And(is_one_key_row(m0 + i, lb, causal), T.isfinite(d_acc[i]))
                 acc_x[i, j] = T.if_then_else(one, T.float32(0), (acc_x[i, j] - (d_acc[i] - d0[i]) * acc_y[i, j]) * scale)
             for i in T.Parallel(BM):
                 r_acc[i] = r_acc[i] * inv_i[i]

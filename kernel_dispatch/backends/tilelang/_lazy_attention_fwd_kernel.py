@@ -14,19 +14,20 @@ B, H, Hkv, L, W are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, distance_table_macro, distance_table_size, is_free_tile,
-                                    key_blocks, one_key_rows_macro, row_block,
-                                    score_macro)
+from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    key_blocks, one_key_rows_macro, row_block, score_macro)
+
+CONFIGS = {64: Tiles(block_m=128, block_n=128, threads=256, num_stages=2),
+           128: Tiles(block_m=128, block_n=128, threads=256, num_stages=2)}
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 128, threads: int = 256,
-          num_stages: int = 2):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The output ``T.prim_func``; parameters in order: Q, K, V, Bias, Tau, Lens, LSE, O, scale."""
     import_tilelang()
     import tilelang.language as T
 
-    D, BM, BN = head_dim, block_m, block_n
+    D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
     B, H, Hkv, L, W = T.dynamic("B, H, Hkv, L, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)
@@ -66,7 +67,8 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
             fill_table(table, Bias, by)
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
             for i in T.Parallel(BM):
-                lse2[i] = lse2[i] * LOG2E
+                # rows past L (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
+                lse2[i] = T.if_then_else(m0 + i < L, lse2[i] * LOG2E, T.infinity(f32))
                 thr[i] = tau / T.Cast(f32, (m0 + i + 1) if causal else lb)
             T.clear(acc_o)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
@@ -74,8 +76,7 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                 T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, False):
-                    # nothing to mask: the scale folds into the exponent's FMA (fewer instructions per element:
-                    # 0.647 vs 0.670 ms on an H100)
+                    # nothing to mask: the scale folds into the exponent's FMA
                     for i, j in T.Parallel(BM, BN):
                         a_cast[i, j] = T.max(T.exp2(s[i, j] * sc2 - lse2[i]) + thr[i], T.float32(0))
                 else:
@@ -87,9 +88,11 @@ def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: 
                                                       T.float32(0))
                 T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):
-                acc_o[i, j] = T.if_then_else(m0 + i < lb, acc_o[i, j], T.float32(0))
-            # Q is no longer read: its tile stages O for one TMA store (0.616 vs 0.641 ms on an H100 against
-            # the fragment's own per-element stores)
+                # T.max above drops NaN; a row whose LSE or tau/i is NaN (a NaN score, bias or tau) is NaN, as
+                # golden's relu makes it
+                nan = lse2[i] + thr[i]
+                acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
+            # Q is no longer read: its tile stages O for one TMA store
             T.copy(acc_o, Q_s)
             T.copy(Q_s, O[bz, by, m0:m0 + BM, :])
 

@@ -13,18 +13,21 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LN2, LOG2E, distance_table_macro, distance_table_size, is_free_tile,
+from ._lazy_attention_tiles import (LN2, LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
                                     key_end, row_block, score_macro)
+
+# 256 queries per CTA: four consumer warpgroups
+CONFIGS = {64: Tiles(block_m=256, block_n=128, threads=512, num_stages=2),
+           128: Tiles(block_m=256, block_n=128, threads=512, num_stages=2)}
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, block_m: int = 128, block_n: int = 128, threads: int = 256,
-          num_stages: int = 2):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The LSE ``T.prim_func``; parameters in order: Q, K, Bias, Lens, LSE, scale (fp32 scalar)."""
     import_tilelang()
     import tilelang.language as T
 
-    D, BM, BN = head_dim, block_m, block_n
+    D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
     B, H, Hkv, L, W = T.dynamic("B, H, Hkv, L, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)

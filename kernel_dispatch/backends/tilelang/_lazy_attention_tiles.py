@@ -8,8 +8,37 @@ free tiles skip the per-element index work and fold the scale into their exponen
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The tile configuration of a lazy attention kernel: ``block_m`` queries x ``block_n`` keys per tile,
+    ``threads`` per CTA, ``num_stages`` of its software pipeline."""
+
+    block_m: int
+    block_n: int
+    threads: int
+    num_stages: int
+
+
+def relu(x):
+    """max(x, 0) keeping NaN, as golden's torch.relu does (``T.max`` becomes CUDA's fmaxf, which returns 0 for a
+    NaN): a NaN score, bias or tau poisons its row instead of vanishing."""
+    import tilelang.language as T
+
+    return T.Select(x < 0, T.float32(0), x)
+
+
+def mask_of(cond):
+    """1.0 where ``cond`` holds, else 0.0: dP = dA * Mk as a product, so a NaN dA stays NaN where Mk is 0 (golden's
+    dense product), which a select would drop."""
+    import tilelang.language as T
+
+    return T.if_then_else(cond, T.float32(1), T.float32(0))
 
 
 def is_free_tile(m0, n0, rows_q: int, cols_k: int, lb, w, mask_rows: bool):

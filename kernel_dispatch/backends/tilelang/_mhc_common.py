@@ -1,16 +1,11 @@
-"""Shared settings of the mHC TileLang kernels: stream count, block sizes, compilation.
+"""Shared settings of the mHC TileLang kernels: stream count, block sizes, input checks.
 
 Every mHC factory (``_mhc_*_kernel.py``) returns a ``T.prim_func`` whose token count is a
-symbolic dimension, so one compiled kernel serves every T. :func:`compile_mhc` compiles it for
-the device's architecture (sm_90a on Hopper) through the tvm_ffi backend and keeps it for the
-life of the process; TileLang also caches the build on disk under ``$TILELANG_CACHE_DIR``
-(default ``~/.tilelang/cache``), so a new process reuses the cubin.
+symbolic dimension, so one compiled kernel (``_build.kernel``) serves every T.
 """
 from __future__ import annotations
 
 import functools
-
-from ._build import PASS_CONFIGS, SM90A, device_target, import_tilelang
 
 N_STREAMS = 4
 SMEM_LIMIT = 232448  # opt-in shared memory per block on sm_90 (227 KiB)
@@ -18,29 +13,15 @@ VEC = 8            # elements per 16-byte access of a 16-bit dtype; D must be a 
 ROW_BLOCK = 1024   # elements of D per CTA in the streaming kernels (128 threads x VEC)
 
 
+def feature_block(D: int) -> int:
+    """Features per CTA (or per step) of the streaming kernels for feature size ``D``: ROW_BLOCK, or D rounded
+    up to a multiple of 256 when that is smaller."""
+    return min(ROW_BLOCK, -(-D // 256) * 256)
+
+
 def tl_dtype(dtype) -> str:
     """The TileLang name of a torch dtype (float16 / bfloat16 / float32)."""
     return str(dtype).replace("torch.", "")
-
-
-def compile_mhc(prim_func, target: dict | None = None, pass_configs: dict | None = None):
-    """Compile ``prim_func`` for ``target`` (default sm_90a); returns the callable JIT kernel."""
-    tilelang = import_tilelang()
-    cfg = dict(PASS_CONFIGS)
-    cfg.update(pass_configs or {})
-    return tilelang.compile(prim_func, target=dict(target or SM90A), execution_backend="tvm_ffi", pass_configs=cfg)
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel_cached(factory, args: tuple, target_items: tuple, cfg_items: tuple):
-    return compile_mhc(factory(*args), dict(target_items), dict(cfg_items))
-
-
-def kernel(factory, *args, device=None, pass_configs: dict | None = None):
-    """The compiled kernel of ``factory(*args)`` for ``device`` (cached per process)."""
-    target = device_target(device) if device is not None else SM90A
-    return _kernel_cached(factory, tuple(args), tuple(sorted(target.items())),
-                          tuple(sorted((pass_configs or {}).items())))
 
 
 X_DTYPES = ("float16", "bfloat16")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from ._build import import_tilelang
-from ._mhc_common import N_STREAMS, ROW_BLOCK
+from ._mhc_common import N_STREAMS, feature_block
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,7 +27,7 @@ def build(D: int, dtype: str, threads: int = 128):
     import tilelang.language as T
 
     n, f32 = N_STREAMS, "float32"
-    blk = min(ROW_BLOCK, -(-D // 256) * 256)
+    blk = feature_block(D)
     nt = T.dynamic("num_tokens")
 
     @T.prim_func

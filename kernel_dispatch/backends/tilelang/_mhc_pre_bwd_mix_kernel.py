@@ -6,14 +6,14 @@ iteration runs back through every normalisation and the softmax; the sigmoids gi
 d_post. Then dz = [a0 d_pre, a1 d_post, a2 d_res], G = dh_mix = dz * inv_rms and
 coef = sum(dz * z) * inv_rms^2 / (n*D) (so that dx = G @ pg - coef * x + h_pre * dh_in).
 
-G leaves in bf16 pieces for the dx / dphi GEMMs: Gp [T, 64] = [G_hi, 0, G_lo, 0] in column
-blocks of 32 (M = 24 values, 8 zeros), G = G_hi + G_lo up to 2^-17. Parameter-gradient
+G leaves in bf16 pieces for the dx / dphi GEMMs: Gp [T, GP_COLS] = [G_hi, 0, G_lo, 0] in column
+blocks of G_BLOCK (M = 24 values, then zeros), G = G_hi + G_lo up to 2^-17. Parameter-gradient
 partials per CTA b (a fixed-order reduction over its tokens): PG[m, b] = sum d[., m] (dbias) and
-PG[32 + g, b] = sum over the tokens and the rows of group g (pre, post, res) of d * z (dalpha).
+PG[PG_DALPHA + g, b] = sum over the tokens and the rows of group g (pre, post, res) of d * z (dalpha).
 
 Layout: Z [T, M], InvRms [T], DHPre [T, n], DHPost [T, n], DHRes [T, n, n], Alpha [3], Bias [M]
-fp32 in; Gp [T, 64] bf16, Aux [T, 8] fp32 (coef, h_pre[0..n-1], 0...), PG [64, ceil(T/TB)] fp32
-out. T symbolic.
+fp32 in; Gp [T, GP_COLS] bf16, Aux [T, AUX_COLS] fp32 (column AUX_COEF: coef, AUX_H_PRE + i: h_pre[i],
+the rest 0), PG [PG_ROWS, ceil(T/TOKENS)] fp32 out. T symbolic.
 """
 from __future__ import annotations
 
@@ -22,9 +22,17 @@ import functools
 from ._build import import_tilelang
 from ._mhc_common import N_STREAMS
 
+G_BLOCK = 32                # columns of one bf16 piece of G in Gp (M <= G_BLOCK)
+GP_COLS = 2 * G_BLOCK       # Gp: [G_hi, 0, G_lo, 0]
+AUX_COLS = 8                # Aux: coef, h_pre[0..n-1], 3 zeros
+AUX_COEF, AUX_H_PRE = 0, 1  # Aux columns of coef and of h_pre[0]
+PG_ROWS = 64                # PG: rows m < M the dbias sums, PG_DALPHA + g the dalpha sums of group g
+PG_DALPHA = 32
+TOKENS = 16                 # tokens per CTA
+
 
 @functools.lru_cache(maxsize=None)
-def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhorn_eps: float, TB: int = 16,
+def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhorn_eps: float, TB: int = TOKENS,
           threads: int = 128):
     """The backward-mix ``T.prim_func`` for feature size ``D`` and the SPEC hyper-parameters.
 
@@ -42,8 +50,8 @@ def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhor
     @T.prim_func
     def mhc_pre_bwd_mix(Z: T.Tensor((nt, M), f32), InvRms: T.Tensor((nt,), f32), DHPre: T.Tensor((nt, n), f32),
                         DHPost: T.Tensor((nt, n), f32), DHRes: T.Tensor((nt, n, n), f32), Alpha: T.Tensor((3,), f32),
-                        Bias: T.Tensor((M,), f32), Gp: T.Tensor((nt, 64), bf), Aux: T.Tensor((nt, 8), f32),
-                        PG: T.Tensor((64, T.ceildiv(nt, TB)), f32)):
+                        Bias: T.Tensor((M,), f32), Gp: T.Tensor((nt, GP_COLS), bf), Aux: T.Tensor((nt, AUX_COLS), f32),
+                        PG: T.Tensor((PG_ROWS, T.ceildiv(nt, TB)), f32)):
         with T.Kernel(T.ceildiv(nt, TB), threads=threads) as b:
             t0 = b * TB
             z_sh = T.alloc_shared((TB, M), f32)
@@ -52,7 +60,7 @@ def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhor
             xin = T.alloc_shared((NS + 1, TB, n, n), f32)   # [0]: softmax; [k + 1]: input of step k
             ssum = T.alloc_shared((NS, TB, n), f32)          # the sum step k divides by (without eps)
             d_sh = T.alloc_shared((TB, M), f32)              # d loss / d (pre-activation), unscaled by alpha
-            g_sh = T.alloc_shared((TB, 32), f32)
+            g_sh = T.alloc_shared((TB, G_BLOCK), f32)
             T.copy(Z[t0:t0 + TB, :], z_sh)
             T.copy(InvRms[t0:t0 + TB], inv_sh)
             for i, j in T.Parallel(TB, n):
@@ -122,37 +130,39 @@ def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhor
                 d_sh[i, j] = dhp_sh[i, j] * sp * (1.0 - sp)
                 d_sh[i, n + j] = dhp_sh[i, n + j] * post_mult * so * (1.0 - so)
                 if t0 + i < nt:
-                    Aux[t0 + i, 1 + j] = sp + pre_eps
+                    Aux[t0 + i, AUX_H_PRE + j] = sp + pre_eps
 
             # G, coef, and the parameter partials
-            dzz = T.alloc_fragment((TB, 32), f32)
+            dzz = T.alloc_fragment((TB, G_BLOCK), f32)
             coef = T.alloc_fragment((TB,), f32)
-            for i, m in T.Parallel(TB, 32):
+            for i, m in T.Parallel(TB, G_BLOCK):
                 a = T.if_then_else(m < n, Alpha[0], T.if_then_else(m < 2 * n, Alpha[1], Alpha[2]))
                 mm = T.min(m, M - 1)
                 dzz[i, m] = T.if_then_else(m < M, d_sh[i, mm] * a * z_sh[i, mm], 0.0)
             T.reduce_sum(dzz, coef, dim=1)
-            for i, m in T.Parallel(TB, 32):
+            for i, m in T.Parallel(TB, G_BLOCK):
                 g_sh[i, m] = T.if_then_else(m < M, d_sh[i, T.min(m, M - 1)] * inv_sh[i], 0.0)
                 g_sh[i, m] = g_sh[i, m] * T.if_then_else(m < n, Alpha[0], T.if_then_else(m < 2 * n, Alpha[1], Alpha[2]))
             for i in T.Parallel(TB):
                 if t0 + i < nt:
-                    Aux[t0 + i, 0] = coef[i] * inv_sh[i] * inv_sh[i] / (n * D)
-                    Aux[t0 + i, 5] = 0.0
-                    Aux[t0 + i, 6] = 0.0
-                    Aux[t0 + i, 7] = 0.0
-            for i, c in T.Parallel(TB, 64):
-                v = g_sh[i, c % 32]
+                    Aux[t0 + i, AUX_COEF] = coef[i] * inv_sh[i] * inv_sh[i] / (n * D)
+                    Aux[t0 + i, AUX_H_PRE + n] = 0.0  # the zero columns past h_pre
+                    Aux[t0 + i, AUX_H_PRE + n + 1] = 0.0
+                    Aux[t0 + i, AUX_H_PRE + n + 2] = 0.0
+            for i, c in T.Parallel(TB, GP_COLS):
+                v = g_sh[i, c % G_BLOCK]
                 hi = T.cast(v, bf)
                 if t0 + i < nt:
-                    Gp[t0 + i, c] = T.if_then_else(c // 32 == 1, T.cast(v - T.cast(hi, f32), bf), hi)
+                    Gp[t0 + i, c] = T.if_then_else(c // G_BLOCK == 1, T.cast(v - T.cast(hi, f32), bf), hi)
 
-            dsum = T.alloc_fragment((TB, 64), f32)
-            col = T.alloc_fragment((64,), f32)
-            for i, c in T.Parallel(TB, 64):
-                # column m < M: d[., m] (dbias); columns 32, 33, 34: sum of d * z over the pre, post, res rows
-                lo = T.if_then_else(c == 32, 0, T.if_then_else(c == 33, n, 2 * n))
-                cnt = T.if_then_else(c == 34, n * n, T.if_then_else(T.And(c >= 32, c < 34), n, 0))
+            dsum = T.alloc_fragment((TB, PG_ROWS), f32)
+            col = T.alloc_fragment((PG_ROWS,), f32)
+            for i, c in T.Parallel(TB, PG_ROWS):
+                # column m < M: d[., m] (dbias); columns PG_DALPHA + 0, 1, 2: sum of d * z over the pre, post,
+                # res rows
+                lo = T.if_then_else(c == PG_DALPHA, 0, T.if_then_else(c == PG_DALPHA + 1, n, 2 * n))
+                cnt = T.if_then_else(c == PG_DALPHA + 2, n * n,
+                                     T.if_then_else(T.And(c >= PG_DALPHA, c < PG_DALPHA + 2), n, 0))
                 acc = T.alloc_var(f32)
                 acc = 0.0
                 for q in T.serial(n * n):
@@ -160,7 +170,7 @@ def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhor
                         acc += d_sh[i, lo + q] * z_sh[i, lo + q]
                 dsum[i, c] = T.if_then_else(c < M, d_sh[i, T.min(c, M - 1)], acc)
             T.reduce_sum(dsum, col, dim=0)
-            for q in T.Parallel(64):
+            for q in T.Parallel(PG_ROWS):
                 PG[q, b] = col[q]
 
     return mhc_pre_bwd_mix

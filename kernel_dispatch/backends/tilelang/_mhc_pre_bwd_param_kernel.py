@@ -1,10 +1,10 @@
 """TileLang kernel factory: dphi and dgamma from the per-split partials of the dx kernel.
 
-grad_pg[m, k] = sum over splits s = 0, 1, ... of (Part[s, m, .] + Part[s, 32 + m, .]) (the G_hi and
+grad_pg[m, k] = sum over splits s = 0, 1, ... of (Part[s, m, .] + Part[s, G_BLOCK + m, .]) (the G_hi and
 G_lo products) at column k = i*D + d, then dphi = grad_pg * gamma and
 dgamma[k] = sum_m grad_pg[m, k] * phi[m, k] (fixed-order sums: deterministic).
 
-Layout: Part [S, 64, NCH, n*DC] fp32 (the dx kernel's: feature d = c*DC + e of stream i sits in
+Layout: Part [S, GP_COLS, NCH, n*DC] fp32 (the dx kernel's: feature d = c*DC + e of stream i sits in
 chunk c, column i*DC + e); Phi [M, K], Gamma [K] fp32 (ones when the RMSNorm weight is None);
 DPhi [M, K], DGamma [K] fp32. K = n*D static.
 """
@@ -14,6 +14,7 @@ import functools
 
 from ._build import import_tilelang
 from ._mhc_common import N_STREAMS
+from ._mhc_pre_bwd_mix_kernel import G_BLOCK, GP_COLS
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,10 +28,10 @@ def build(M: int, D: int, S: int, DC: int, block: int = 128, threads: int = 128)
 
     f32 = "float32"
     K, NCH, NC = N_STREAMS * D, -(-D // DC), N_STREAMS * DC
-    MP = 32  # M padded to a power of two for the reduction layout
+    MP = G_BLOCK  # M padded to a power of two for the reduction layout
 
     @T.prim_func
-    def mhc_pre_bwd_param(Part: T.Tensor((S, 64, NCH, NC), f32), Phi: T.Tensor((M, K), f32),
+    def mhc_pre_bwd_param(Part: T.Tensor((S, GP_COLS, NCH, NC), f32), Phi: T.Tensor((M, K), f32),
                           Gamma: T.Tensor((K,), f32), DPhi: T.Tensor((M, K), f32), DGamma: T.Tensor((K,), f32)):
         with T.Kernel(T.ceildiv(K, block), threads=threads) as kb:
             k0 = kb * block
@@ -45,7 +46,7 @@ def build(M: int, D: int, S: int, DC: int, block: int = 128, threads: int = 128)
                 acc[m, j] = 0.0
                 if m < M and k < K:
                     for s in T.serial(S):
-                        acc[m, j] += Part[s, m, c, col] + Part[s, 32 + m, c, col]
+                        acc[m, j] += Part[s, m, c, col] + Part[s, G_BLOCK + m, c, col]
                     DPhi[m, k] = acc[m, j] * Gamma[k]
                     prod[m, j] = acc[m, j] * Phi[m, k]
                 else:

@@ -4,8 +4,9 @@ pg = hi + lo with hi = bf16(pg) and lo = bf16(pg - hi) (relative error 2^-17, ag
 bf16 piece), so the h_mix GEMMs run on bf16 tensor cores at near-fp32 accuracy. Two layouts:
 
 - ``"fwd"``: W [2M, K] = [hi; lo] (rows 0..M-1 hi, M..2M-1 lo), the B operand of h_mix = x @ W^T.
-- ``"bwd"``: W [96, K] = [hi; 0; hi; 0; lo; 0] in row blocks of 32 (M = 24 rows each, 8 zero
-  rows): the dx kernel multiplies Gp = [G_hi, 0, G_lo, 0] by rows 0..63 and [G_hi, 0] by rows 64..95.
+- ``"bwd"``: W [3 * G_BLOCK, K] = [hi; 0; hi; 0; lo; 0] in row blocks of G_BLOCK (M rows each, then zero
+  rows): the dx kernel multiplies Gp = [G_hi, 0, G_lo, 0] by the first 2 * G_BLOCK rows and [G_hi, 0] by the
+  last G_BLOCK.
 
 Layout: Phi [M, K] fp32, Gamma [K] fp32 (ones when the RMSNorm weight is None); K = n*D static.
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 import functools
 
 from ._build import import_tilelang
+from ._mhc_pre_bwd_mix_kernel import G_BLOCK
 
-ROWS = {"fwd": 48, "bwd": 96}
+ROWS = {"fwd": 48, "bwd": 3 * G_BLOCK}  # fwd: 2 M, M = 24 mixing rows
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,8 +44,8 @@ def build(M: int, K: int, layout: str, block: int = 256, threads: int = 128):
                         piece = r // M
                         valid = True
                     else:
-                        m = r % 32
-                        piece = T.if_then_else(r >= 64, 1, 0)
+                        m = r % G_BLOCK
+                        piece = T.if_then_else(r >= 2 * G_BLOCK, 1, 0)
                         valid = m < M
                     pg = T.if_then_else(valid, Phi[T.min(m, M - 1), k] * Gamma[k], 0.0)
                     hi = T.cast(pg, bf)

@@ -10,8 +10,7 @@ dbias and dtau are fixed-order sums of those partials, so they are bitwise repro
 Inputs may have any strides: q, k, v and dO are made contiguous here (a copy when they are not);
 fp16 and bf16 only (TileLang's fp32 GEMM runs in TF32, below the fp32 contract), head dims 64
 and 128, Hopper (sm_90a) kernels. Kernels are compiled once per (kernel, head dim, dtype, causal,
-tile config, target); sequence length, batch, heads and W are symbolic. TileLang caches the
-compiled kernels on disk under ``$TILELANG_CACHE_DIR`` (default ``~/.tilelang/cache``).
+tile config, target) (``_build.kernel``); sequence length, batch, heads and W are symbolic.
 """
 from __future__ import annotations
 
@@ -29,35 +28,19 @@ from . import _lazy_attention_row_dot_kernel as _row_dot_k
 
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 HEAD_DIMS = (64, 128)
-FACTORIES = {"lse": _lse_k.build, "fwd": _fwd_k.build, "row_dot": _row_dot_k.build, "dq_delta": _dq_delta_k.build,
-             "dkdv": _dkdv_k.build}
-
-# (block_m = queries, block_n = keys, threads, num_stages) per kernel and head dim (row_dot: block rows, threads).
-# Timed on an H200 and an H100 (bf16, causal, B=4, H=16, L=4096, D=128; scripts/gpu_check_tilelang_attention.py):
-# these beat 64-key row tiles, dkdv with 32 queries, dQ accumulated in dkdv, and (dq_delta, whose two fp32
-# accumulators need 64-key tiles to stay in registers) the separate row-pass and dQ kernels it replaced.
-# The LSE kernel runs 256 queries per CTA (4 consumer warpgroups): 0.38 vs 0.47 ms for 128 on an H100.
-# At D=64 dq_delta runs 3 stages: 2.539 vs 2.656 ms at B=1, L=16384 on an H100 (at D=128 3 and 4 stages time alike,
-# 1.100 / 1.102 vs 1.095; the other kernels gain nothing from a third stage at either head dim).
-CONFIGS = {
-    64: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "row_dot": (32, 128), "dq_delta": (128, 64, 256, 3),
-         "dkdv": (64, 128, 256, 2)},
-    128: {"lse": (256, 128, 512, 2), "fwd": (128, 128, 256, 2), "row_dot": (32, 128), "dq_delta": (128, 64, 256, 2),
-          "dkdv": (64, 128, 256, 2)},
-}
+_MODULES = {"lse": _lse_k, "fwd": _fwd_k, "row_dot": _row_dot_k, "dq_delta": _dq_delta_k, "dkdv": _dkdv_k}
+FACTORIES = {name: m.build for name, m in _MODULES.items()}
+CONFIGS = {D: {name: m.CONFIGS[D] for name, m in _MODULES.items()} for D in HEAD_DIMS}  # {head dim: {kernel: tiles}}
 
 
-@functools.lru_cache(maxsize=None)
-def kernel(name: str, head_dim: int, dtype: str, causal: bool, config: tuple, target: tuple):
-    """The compiled kernel ``name`` for these static parameters (``target`` as sorted dict items)."""
-    prim = FACTORIES[name](head_dim, dtype, causal, *config)
-    return _build.compile_kernel(prim, dict(target))
+def kernel(name: str, head_dim: int, dtype: str, causal: bool, tiles, device=None):
+    """The compiled kernel ``name`` for these static parameters and ``tiles`` on CUDA ``device`` (sm_90a if None)."""
+    return _build.kernel(FACTORIES[name], (head_dim, dtype, bool(causal), tiles), device)
 
 
 def _kernel(name: str, q: torch.Tensor, causal: bool):
-    target = tuple(sorted(_build.device_target(q.device).items()))
     D = q.shape[-1]
-    return kernel(name, D, DTYPES[q.dtype], bool(causal), CONFIGS[D][name], target)
+    return kernel(name, D, DTYPES[q.dtype], causal, CONFIGS[D][name], q.device)
 
 
 def _check(q: torch.Tensor) -> None:
@@ -125,7 +108,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     bias32 = bias.to(torch.float32).contiguous()
     tau32 = tau.to(torch.float32).contiguous()
     lens = _lens(lengths, B, L, dev)
-    LP = -(-L // 4) * 4  # padded row length: the dK/dV kernel TMA-loads rows of these vectors
+    LP = -(-L // _dkdv_k.ROW_ALIGN) * _dkdv_k.ROW_ALIGN  # padded row length: the dK/dV kernel TMA-loads these rows
     # with LP == L every column of the row vectors is written before it is read: no fills
     rows = functools.partial(torch.empty if LP == L else torch.zeros, B, H, LP, dtype=torch.float32, device=dev)
     if LP == L and lse.dtype == torch.float32 and lse.is_contiguous() and lse.data_ptr() % 16 == 0:
@@ -139,7 +122,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     dk = torch.empty_like(kc)
     dv = torch.empty_like(vc)
     dq = torch.empty_like(qc)
-    partial = torch.zeros(B, H, -(-L // CONFIGS[D]["dkdv"][1]), min(W, L), dtype=torch.float32, device=dev)
+    partial = torch.zeros(B, H, -(-L // CONFIGS[D]["dkdv"].block_n), min(W, L), dtype=torch.float32, device=dev)
     s = float(scale)
     with torch.cuda.device(dev):
         _kernel("row_dot", q, causal)(doc, o.to(q.dtype).contiguous(), d0)

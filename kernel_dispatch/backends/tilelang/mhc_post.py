@@ -4,15 +4,16 @@ Same functions, signatures and outputs as ``kernel_dispatch/golden/mhc_post.py``
 x [T, n, D] (n = 4, D a multiple of 8) in fp16/bf16 with any strides (made contiguous here),
 h_post [T, n] and h_res [T, n, n] ([in, out]) fp32. fp32 math; out and dx in x's dtype, df in
 f's dtype, dh_post and dh_res in their inputs' dtypes. Kernels: ``_mhc_post_fwd_kernel`` and
-``_mhc_post_bwd_kernel`` (T symbolic: one build per (D, dtype), cached in-process and on disk
-under ``$TILELANG_CACHE_DIR``, default ``~/.tilelang/cache``).
+``_mhc_post_bwd_kernel`` (T symbolic: one build per (D, dtype), in ``_build.kernel``).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import _mhc_post_bwd_kernel, _mhc_post_fwd_kernel
-from ._mhc_common import check_streams, dense, kernel, tl_dtype
+from . import _build, _mhc_post_bwd_kernel, _mhc_post_fwd_kernel
+from ._mhc_common import check_streams, dense, tl_dtype
 
 
 def _check(f, x, h_post, h_res):
@@ -30,18 +31,15 @@ def kernel_specs(D: int, dtype: torch.dtype) -> list:
     return [(_mhc_post_fwd_kernel.build, (D, tl_dtype(dtype))), (_mhc_post_bwd_kernel.build, (D, tl_dtype(dtype)))]
 
 
-_kernel_sets: dict = {}
+@functools.lru_cache(maxsize=None)
+def _kernel_pair(D: int, dtype: torch.dtype, device: torch.device) -> tuple:
+    return tuple(_build.kernel(f, args, device) for f, args in kernel_specs(D, dtype))
 
 
 def _kernels(x) -> tuple:
-    """(forward kernel, backward kernel) for x's shape class, built once per process."""
-    dev = x.device
-    key = (x.shape[2], x.dtype, dev.index)
-    ks = _kernel_sets.get(key)
-    if ks is None:
-        ks = tuple(kernel(f, *args, device=dev) for f, args in kernel_specs(x.shape[2], x.dtype))
-        _kernel_sets[key] = ks
-    return ks
+    """(forward kernel, backward kernel) for x's shape class (from ``_build.kernel``, the backend's one cache)."""
+    dev = x.device if x.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    return _kernel_pair(x.shape[2], x.dtype, dev)
 
 
 def forward(f: torch.Tensor, x: torch.Tensor, h_post: torch.Tensor, h_res: torch.Tensor) -> torch.Tensor:

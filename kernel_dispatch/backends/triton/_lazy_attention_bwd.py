@@ -9,9 +9,7 @@ Two kernels, run in this order:
   for dbias, written to a per-program scratch row (no float atomics: the launcher reduces the partials
   with torch.sum). The far key blocks, which need no dbias, are swept once in between: for any row
   constant D0, their dQ is sum P (Mk dA - D0) k - (Delta - D0) sum P k, so the sweep accumulates both
-  sums with D0 = dO . O (the forward's output) next to R and Delta. At B=4, H=16, L=4096 on an H100
-  this times like the two sweeps at D=128 (register spills) and saves 8% of fwd+bwd at D=64, 5.5% at
-  L=16384.
+  sums with D0 = dO . O (the forward's output) next to R and Delta.
 - ``lazy_attention_bwd_dkdv_kernel``: one program per (b, kv head, BLOCK_N keys), looping over
   the query heads of its group and their query blocks, so dK/dV of a kv head sum in registers.
 
@@ -27,14 +25,47 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._lazy_attention_fwd import _bias_mask, _one_key_rows, _query_regions, _valid
+from ._autotune import INTERPRETED, autotune
+from ._lazy_attention_fwd import _bias_mask, _launch_class, _one_key_rows, _query_regions, _relu, _valid
+
+_C = triton.Config
+# dq: BLOCK query rows = keys per tile. BLOCK fixes the layout of the dbias partial sums, which the launcher
+# allocates before the autotuner picks: one BLOCK per config class.
+DQ_CONFIGS = {
+    ("half", 64): [_C({"BLOCK": 64}, num_warps=8, num_stages=2), _C({"BLOCK": 64}, num_warps=4, num_stages=2),
+                   _C({"BLOCK": 64}, num_warps=4, num_stages=3)],
+    ("half", 128): [_C({"BLOCK": 64}, num_warps=8, num_stages=2), _C({"BLOCK": 64}, num_warps=8, num_stages=3),
+                    _C({"BLOCK": 64}, num_warps=4, num_stages=2), _C({"BLOCK": 64}, num_warps=4, num_stages=3)],
+    ("fp32", 64): [_C({"BLOCK": 32}, num_warps=4, num_stages=2)],
+    ("fp32", 128): [_C({"BLOCK": 32}, num_warps=4, num_stages=2)],
+}
+DQ_INTERPRET_CONFIG = _C({"BLOCK": 16}, num_warps=1, num_stages=1)
+assert all(len({c.kwargs["BLOCK"] for c in cs}) == 1 for cs in DQ_CONFIGS.values()), "one dq BLOCK per class"
+# dK/dV: BLOCK_M queries x BLOCK_N keys per tile.
+DKDV_CONFIGS = {
+    ("half", 64): [_C({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+                   _C({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=2),
+                   _C({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+                   _C({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+                   _C({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=2)],
+    ("half", 128): [_C({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+                    _C({"BLOCK_M": 16, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+                    _C({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+                    _C({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=2),
+                    _C({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=2)],
+    ("fp32", 64): [_C({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+                   _C({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)],
+    ("fp32", 128): [_C({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+                    _C({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)],
+}
+DKDV_INTERPRET_CONFIG = _C({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=1, num_stages=1)
 
 
 @triton.jit
 def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                   bias_row, stride_bw, offs_m, lo, hi, W, kv_len, L, qk_scale, CAUSAL: tl.constexpr,
                   BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-                  UPCAST: tl.constexpr, PREC: tl.constexpr):
+                  PREC: tl.constexpr):
     """R += sum_n Mk dA and Delta += sum_n P Mk dA over key blocks [lo, hi)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK):
@@ -47,7 +78,7 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
         else:
             kt = tl.load(kt_ptr)
             vt = tl.load(vt_ptr)
-        if UPCAST:
+        if INTERPRETED:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
@@ -58,7 +89,7 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
         keep = (p + taui[:, None]) > 0
         if MASK:
             keep = keep & _valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
-        dpm = tl.where(keep, tl.dot(do, vt, input_precision=PREC), 0.0)
+        dpm = tl.dot(do, vt, input_precision=PREC) * keep.to(tl.float32)
         r_acc += tl.sum(dpm, 1)
         d_acc += tl.sum(p * dpm, 1)
     return r_acc, d_acc
@@ -66,8 +97,7 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
 
 @triton.jit
 def _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-             lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
-             PREC: tl.constexpr):
+             lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
     """Far key blocks [lo, hi) (no bias, no mask) in one sweep: R and Delta as :func:`_bwd_row_sums`, and
     x += P (Mk dA - D0) K, y += P K, so that their dQ is x - (Delta - D0) y once Delta is final."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -75,11 +105,11 @@ def _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_k
         offs_n = start_n + tl.arange(0, BLOCK)
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
         vt = tl.load(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
-        if UPCAST:
+        if INTERPRETED:
             k = k.to(tl.float32)
             vt = vt.to(tl.float32)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse2[:, None])
-        dpm = tl.where(p + taui[:, None] > 0, tl.dot(do, vt, input_precision=PREC), 0.0)
+        dpm = tl.dot(do, vt, input_precision=PREC) * (p + taui[:, None] > 0).to(tl.float32)
         pdp = p * dpm
         r_acc += tl.sum(dpm, 1)
         d_acc += tl.sum(pdp, 1)
@@ -92,7 +122,7 @@ def _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_k
 def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
             stride_vd, bias_row, stride_bw, db_row, start_m, offs_m, lo, hi, W, kv_len, L, qk_scale, NSEG, SEG_OFF,
             CAUSAL: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+            BLOCK: tl.constexpr, PREC: tl.constexpr):
     """dq += dS @ K over key blocks [lo, hi); with BIAS also the dS diagonal sums (see module doc)."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_j = tl.arange(0, BLOCK)
@@ -106,7 +136,7 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
         else:
             k = tl.load(k_ptr)
             vt = tl.load(vt_ptr)
-        if UPCAST:
+        if INTERPRETED:
             k = k.to(tl.float32)
             vt = vt.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
@@ -117,7 +147,7 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
         keep = (p + taui[:, None]) > 0
         if MASK:
             keep = keep & _valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
-        dp = tl.where(keep, tl.dot(do, vt, input_precision=PREC), 0.0)
+        dp = tl.dot(do, vt, input_precision=PREC) * keep.to(tl.float32)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
         if BIAS:
@@ -134,6 +164,7 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
     return dq, carry, carry_seg
 
 
+@autotune(DQ_CONFIGS, DQ_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS"], class_of=_launch_class)
 @triton.jit
 def lazy_attention_bwd_dq_kernel(
         Q, K, V, Bias, Tau, Lens, DO, O, LSE, DQ, DELTA, DTAU_PART, DB_PART,
@@ -145,7 +176,7 @@ def lazy_attention_bwd_dq_kernel(
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale, sm_scale, NSEG, SEG_OFF, BH_OFF,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr, L_CLASS):
+        PREC: tl.constexpr, L_CLASS):
     """Grid (cdiv(L, BLOCK), n_bh) over (b, h) pairs BH_OFF ... BH_OFF + n_bh - 1 (b * H + h).
 
     Writes DQ [B, H, L, D] (contiguous), DELTA [B*H, L], DTAU_PART [B*H, n_blocks] and
@@ -170,10 +201,11 @@ def lazy_attention_bwd_dq_kernel(
     q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
     do_ptr = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
     do = tl.load(do_ptr, mask=offs_m[:, None] < seq_len, other=0.0)  # padded rows get no gradient
-    if UPCAST:
+    if INTERPRETED:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+    # rows past L get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
+    lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     bias_row = Bias + h * stride_bh
@@ -195,17 +227,18 @@ def lazy_attention_bwd_dq_kernel(
     d_acc = tl.zeros([BLOCK], dtype=tl.float32)
     r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                  stride_vd, bias_row, stride_bw, offs_m, band, mask, W, seq_len, L, qk_scale,
-                                 CAUSAL, True, False, HEAD_DIM, BLOCK, UPCAST, PREC)
+                                 CAUSAL, True, False, HEAD_DIM, BLOCK, PREC)
     r_acc, d_acc = _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                  stride_vd, bias_row, stride_bw, offs_m, mask, end, W, seq_len, L, qk_scale,
-                                 CAUSAL, True, True, HEAD_DIM, BLOCK, UPCAST, PREC)
+                                 CAUSAL, True, True, HEAD_DIM, BLOCK, PREC)
     o_ptr = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     o = tl.load(o_ptr, mask=offs_m[:, None] < seq_len, other=0.0)
     d0 = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    d0 = tl.where(tl.abs(d0) < float("inf"), d0, 0.0)  # any row constant will do: not a NaN O row's
     x = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     y = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     x, y, r_acc, d_acc = _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_kn, stride_kd,
-                                  stride_vn, stride_vd, 0, band, qk_scale, HEAD_DIM, BLOCK, UPCAST, PREC)
+                                  stride_vn, stride_vd, 0, band, qk_scale, HEAD_DIM, BLOCK, PREC)
     tl.store(DELTA + bh64 * L + offs_m, d_acc, mask=offs_m < L)
     tl.store(DTAU_PART + bh64 * tl.num_programs(0) + pid_m, tl.sum(r_acc * inv_i, 0))
 
@@ -216,11 +249,11 @@ def lazy_attention_bwd_dq_kernel(
     dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
                                    stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m,
                                    band, mask, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, True, False,
-                                   HEAD_DIM, BLOCK, UPCAST, PREC)
+                                   HEAD_DIM, BLOCK, PREC)
     dq, carry, carry_seg = _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, d_acc, k_base, v_base, stride_kn,
                                    stride_kd, stride_vn, stride_vd, bias_row, stride_bw, db_row, start_m, offs_m,
                                    mask, end, W, seq_len, L, qk_scale, NSEG, SEG_OFF, CAUSAL, True, True, HEAD_DIM,
-                                   BLOCK, UPCAST, PREC)
+                                   BLOCK, PREC)
     offs_j = tl.arange(0, BLOCK)
     seg_j = offs_j * 0 + carry_seg
     tl.store(db_row + carry_seg * BLOCK + offs_j, carry, mask=(seg_j >= 0) & (seg_j < NSEG))
@@ -232,7 +265,7 @@ def lazy_attention_bwd_dq_kernel(
 def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
               bias_row, stride_bw, tau, offs_n, lo, hi, W, kv_len, L, qk_scale, CAUSAL: tl.constexpr,
               BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-              UPCAST: tl.constexpr, PREC: tl.constexpr):
+              PREC: tl.constexpr):
     """dv += A^T dO and dk += dS^T Q over query blocks [lo, hi) (tiles held transposed: [keys, queries])."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_m in range(lo, hi, BLOCK_M):
@@ -241,10 +274,10 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
                     other=0.0)
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                      mask=offs_m[:, None] < kv_len, other=0.0)
-        if UPCAST:
+        if INTERPRETED:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634  # as in dq
         delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
         if CAUSAL:
             taui = tau / (offs_m + 1).to(tl.float32)
@@ -257,16 +290,19 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
             pt = _one_key_rows(pt, offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
         shifted = pt + taui[None, :]
         keep = shifted > 0
+        at = _relu(shifted)
         if MASK:
-            keep = keep & _valid(offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
-        at = tl.where(keep, shifted, 0.0)
+            valid = _valid(offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
+            keep = keep & valid
+            at = tl.where(valid, at, 0.0)
         dv = tl.dot(at.to(do.dtype), do, dv, input_precision=PREC)
-        dpt = tl.where(keep, tl.dot(v, tl.trans(do), input_precision=PREC), 0.0)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC) * keep.to(tl.float32)
         dst = pt * (dpt - delta[None, :])
         dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PREC)
     return dk, dv
 
 
+@autotune(DKDV_CONFIGS, DKDV_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS"], class_of=_launch_class)
 @triton.jit
 def lazy_attention_bwd_dkdv_kernel(
         Q, K, V, Bias, Tau, Lens, DO, LSE, DELTA, DK, DV,
@@ -277,7 +313,7 @@ def lazy_attention_bwd_dkdv_kernel(
         stride_bh, stride_bw, stride_tau,
         H, HKV, L, W, GROUPS, qk_scale, sm_scale,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, L_CLASS):
+        BLOCK_N: tl.constexpr, PREC: tl.constexpr, L_CLASS):
     """Grid (cdiv(L, BLOCK_N), B * Hkv). Writes DK, DV [B, Hkv, L, D] (contiguous), zero for padded keys."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -294,7 +330,7 @@ def lazy_attention_bwd_dkdv_kernel(
                 mask=offs_n[:, None] < L, other=0.0)
     v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=offs_n[:, None] < L, other=0.0)
-    if UPCAST:
+    if INTERPRETED:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
 
@@ -332,16 +368,16 @@ def lazy_attention_bwd_dkdv_kernel(
         tau = tl.load(Tau + h * stride_tau)
         dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
                            stride_dod, bias_row, stride_bw, tau, offs_n, begin, lo, W, seq_len, L, qk_scale, CAUSAL,
-                           False, False, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+                           False, False, HEAD_DIM, BLOCK_M, PREC)
         dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
                            stride_dod, bias_row, stride_bw, tau, offs_n, lo, mid, W, seq_len, L, qk_scale, CAUSAL,
-                           True, True, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+                           True, True, HEAD_DIM, BLOCK_M, PREC)
         dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
                            stride_dod, bias_row, stride_bw, tau, offs_n, mid, hi, W, seq_len, L, qk_scale, CAUSAL,
-                           True, False, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+                           True, False, HEAD_DIM, BLOCK_M, PREC)
         dk, dv = _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
                            stride_dod, bias_row, stride_bw, tau, offs_n, hi, end, W, seq_len, L, qk_scale, CAUSAL,
-                           False, False, HEAD_DIM, BLOCK_M, UPCAST, PREC)
+                           False, False, HEAD_DIM, BLOCK_M, PREC)
     out = bhk.to(tl.int64) * L * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < L)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < L)

@@ -11,14 +11,40 @@ causal diagonal or past lengths[b] are never visited.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ._autotune import INTERPRETED, autotune
+
 LOG2E = 1.4426950408889634
-ASM_LOADS = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+def config_class(dtype: torch.dtype, head_dim: int) -> tuple[str, int]:
+    """The config class of a launch: the input dtype's ("half" for fp16/bf16, or "fp32") and the head dim's (64:
+    up to 64, or 128). fp32 tiles take twice the shared memory of 16-bit ones, so fp32 gets smaller tiles."""
+    return "fp32" if dtype == torch.float32 else "half", 64 if head_dim <= 64 else 128
+
+
+def _launch_class(args: dict) -> tuple[str, int]:
+    return config_class(args["Q"].dtype, args["HEAD_DIM"])
+
+
+_C = triton.Config
+# BLOCK_M queries x BLOCK_N keys per tile, per config class (config i runs when KERNEL_DISPATCH_TRITON_CONFIG=i).
+FWD_CONFIGS = {
+    ("half", 64): [_C({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+                   _C({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+                   _C({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3)],
+    ("half", 128): [_C({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+                    _C({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+                    _C({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3)],
+    ("fp32", 64): [_C({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+                   _C({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)],
+    ("fp32", 128): [_C({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+                    _C({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)],
+}
+FWD_INTERPRET_CONFIG = _C({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=1, num_stages=1)
 
 
 def bias_table(bias: torch.Tensor) -> torch.Tensor:
@@ -37,16 +63,15 @@ def bias_table(bias: torch.Tensor) -> torch.Tensor:
 def _gather(ptrs):
     """The fp32 values at ``ptrs`` (a tensor of pointers), loaded where the code stands.
 
-    In a pipelined loop triton stages a ``tl.load`` through shared memory by 4-byte cp.async copies and reads it
-    back with a layout conversion. For the bias band, a gather of one value per score, that made a band tile cost
-    2.2 times a free one (H100). An inline-assembly load is left out of the pipeline; the interpreter, which has
-    no inline assembly, takes ``tl.load``.
+    In a pipelined loop triton would stage a ``tl.load`` through shared memory by 4-byte cp.async copies and read
+    it back with a layout conversion, which for a gather of one value per score is slow; an inline-assembly load
+    is left out of the pipeline. The interpreter, which has no inline assembly, takes ``tl.load``.
     """
-    if ASM_LOADS:
+    if INTERPRETED:
+        return tl.load(ptrs)
+    else:
         return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l", [ptrs], dtype=tl.float32,
                                          is_pure=True, pack=1)
-    else:
-        return tl.load(ptrs)
 
 
 @triton.jit
@@ -67,6 +92,12 @@ def _bias_mask(s, m_idx, n_idx, bias_row, stride_bw, W, kv_len, CAUSAL: tl.const
     if MASK:
         s = tl.where(_valid(m_idx, n_idx, kv_len, CAUSAL), s, float("-inf"))
     return s
+
+
+@triton.jit
+def _relu(x):
+    """max(x, 0) keeping NaN (a NaN score, bias or tau poisons its row, as golden's torch.relu does)."""
+    return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -112,7 +143,7 @@ def _query_regions(start_m, seq_len, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 @triton.jit
 def _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, lo, hi, W, kv_len, L,
                qk_scale, CAUSAL: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+               BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     """Online row max ``m_i`` and sum ``l_i`` of exp2(S) over key blocks [lo, hi) (sweep 1)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
@@ -122,7 +153,7 @@ def _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, o
             kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
         else:
             kt = tl.load(kt_ptr)
-        if UPCAST:
+        if INTERPRETED:
             kt = kt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
@@ -136,8 +167,7 @@ def _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, o
 @triton.jit
 def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row, stride_bw,
              offs_m, lo, hi, W, kv_len, L, qk_scale, CAUSAL: tl.constexpr, BIAS: tl.constexpr,
-             MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-             PREC: tl.constexpr):
+             MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     """acc += relu(P + tau/i) @ V over key blocks [lo, hi), P = exp2(S - LSE2) (sweep 2)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
@@ -150,7 +180,7 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
         else:
             kt = tl.load(kt_ptr)
             v = tl.load(v_ptr)
-        if UPCAST:
+        if INTERPRETED:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
@@ -158,13 +188,14 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
         p = tl.math.exp2(s - lse2[:, None])
         if MASK:
             p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
-        a = tl.maximum(p + taui[:, None], 0.0)
+        a = _relu(p + taui[:, None])
         if MASK:  # tau > 0 would otherwise leak onto masked keys
             a = tl.where(_valid(offs_m[:, None], offs_n[None, :], kv_len, CAUSAL), a, 0.0)
         acc = tl.dot(a.to(v.dtype), v, acc, input_precision=PREC)
     return acc
 
 
+@autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS"], class_of=_launch_class)
 @triton.jit
 def lazy_attention_fwd_kernel(
         Q, K, V, Bias, Tau, Lens, O, LSE,
@@ -175,7 +206,7 @@ def lazy_attention_fwd_kernel(
         stride_bh, stride_bw, stride_tau,
         H, L, W, GROUPS, qk_scale,
         CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, L_CLASS):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr, L_CLASS):
     """Grid (cdiv(L, BLOCK_M), B * H). Writes O [B, H, L, D] (every row) and LSE [B, H, L] (natural log)."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # longest causal rows first
     bh = tl.program_id(1)
@@ -191,7 +222,7 @@ def lazy_attention_fwd_kernel(
     b64 = b.to(tl.int64)
     q_ptr = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
-    if UPCAST:
+    if INTERPRETED:
         q = q.to(tl.float32)
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
@@ -206,11 +237,11 @@ def lazy_attention_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, 0, band, W,
-                          seq_len, L, qk_scale, CAUSAL, False, False, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+                          seq_len, L, qk_scale, CAUSAL, False, False, HEAD_DIM, BLOCK_N, PREC)
     m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, band, mask, W,
-                          seq_len, L, qk_scale, CAUSAL, True, False, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+                          seq_len, L, qk_scale, CAUSAL, True, False, HEAD_DIM, BLOCK_N, PREC)
     m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, mask, end, W,
-                          seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+                          seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N, PREC)
     lse2 = m_i + tl.math.log2(l_i)
     tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
 
@@ -221,13 +252,13 @@ def lazy_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc = _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row,
                    stride_bw, offs_m, 0, band, W, seq_len, L, qk_scale, CAUSAL, False, False, HEAD_DIM, BLOCK_N,
-                   UPCAST, PREC)
+                   PREC)
     acc = _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row,
                    stride_bw, offs_m, band, mask, W, seq_len, L, qk_scale, CAUSAL, True, False, HEAD_DIM, BLOCK_N,
-                   UPCAST, PREC)
+                   PREC)
     acc = _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, bias_row,
                    stride_bw, offs_m, mask, end, W, seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N,
-                   UPCAST, PREC)
+                   PREC)
     acc = tl.where(offs_m[:, None] < seq_len, acc, 0.0)
     o_ptr = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < L)

@@ -1,4 +1,4 @@
-"""Pieces shared by the Triton mHC kernels: autotuning, input checks, the GEMM products and the
+"""Pieces shared by the Triton mHC kernels: config classes, input checks, the GEMM products and the
 per-token Sinkhorn.
 
 Sinkhorn tiles are [BT, n, n] fp32 in [in, out] layout (axis 1 = input stream i, axis 2 = output
@@ -6,41 +6,28 @@ stream o), as SPEC section 2 writes C[i, o].
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from ._autotune import disk_cache
+from ._autotune import INTERPRETED
+from ._interpret import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 N_STREAMS = (1, 2, 4, 8)
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 X_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # x's dtype -> GEMM scheme (see below)
 
 
-def autotune(configs, interpret_config, key: list[str]):
-    """``triton.autotune`` with winners cached on disk; ONE config under the interpreter.
+def config_table(configs) -> dict:
+    """{(x_kind, n): configs(x_kind, n)} over every x dtype (X_KINDS) and stream count: a kernel's configs when
+    its best tiles depend on the dtype of its ``x_ptr`` argument (x [T, n, D]) and on n."""
+    return {(kind, n): configs(kind, n) for kind in X_KINDS.values() for n in N_STREAMS}
 
-    ``configs``: a list, or a function ``(x_kind, n) -> list`` when the best tiles depend on the
-    dtype of the kernel's ``x_ptr`` argument (x [T, n, D], see X_KINDS) and on n; then only those
-    are benchmarked.
-    """
-    if INTERPRET:
-        return triton.autotune([interpret_config], key=key)
-    kwargs = disk_cache()
-    if isinstance(configs, list):
-        return triton.autotune(configs, key=key, **kwargs)
-    table = {(kind, n): configs(kind, n) for kind in X_KINDS.values() for n in N_STREAMS}
-    union = list({id(c): c for cfgs in table.values() for c in cfgs}.values())
 
-    def prune(cfgs, named_args, **_):
-        x = named_args["x_ptr"]
-        allowed = {id(c) for c in table[X_KINDS[x.dtype], x.shape[1]]}
-        return [c for c in cfgs if id(c) in allowed]
-
-    return triton.autotune(union, key=key, prune_configs_by={"early_config_prune": prune}, **kwargs)
+def launch_class(args: dict) -> tuple[int, int]:
+    """The config class (x_kind, n) of a launch whose ``x_ptr`` is x [T, n, D]."""
+    x = args["x_ptr"]
+    return X_KINDS[x.dtype], x.shape[1]
 
 
 def check_streams(name: str, x: torch.Tensor) -> tuple[int, int, int]:
@@ -78,9 +65,6 @@ def pow2_at_least(v: int, lo: int) -> int:
     return max(lo, triton.next_power_of_2(v))
 
 
-_INTERPRET = tl.constexpr(INTERPRET)
-
-
 @triton.jit
 def dot16(a, b, acc):
     """acc + a @ b for 16-bit operands, fp32 accumulation.
@@ -88,7 +72,7 @@ def dot16(a, b, acc):
     The interpreter (triton 3.9) multiplies bf16 tiles as their raw uint16 bits, so there the
     product runs on exact fp32 copies instead.
     """
-    if _INTERPRET:
+    if INTERPRETED:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return tl.dot(a, b, acc)
 
@@ -174,49 +158,3 @@ def sinkhorn_bwd(logits, dc, ITERS, EPS, scr, STEP: tl.constexpr):
     e = tl.exp(logits - tl.max(logits, 2)[:, :, None])
     p = e / tl.sum(e, 2)[:, :, None]
     return p * (dc - tl.sum(dc * p, 2)[:, :, None])
-
-
-# ----------------------------------------------------------------------------- sm_90 compile specs
-
-_TL_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-_X_ARGS = {"x_ptr", "g_ptr", "h_in_ptr", "dx_ptr", "f_ptr", "out_ptr", "df_ptr"}  # in the activations' dtype
-_UNIT_STRIDES = {"sxd", "sgd", "sfd"}
-_DIVISIBLE = {"T", "D", "sxt", "sxi", "sgt", "sgo", "sft", "TPS", "total", "ND"}
-_FLOATS = {"post_mult", "norm_eps", "pre_eps", "sk_eps"}
-
-
-def compile_spec(kernel, name: str, x_dtype: torch.dtype, n: int, constexprs: dict, config=None,
-                 num_warps: int = 4, num_stages: int = 3) -> dict:
-    """One (kernel, config) as the arguments of ``_compile_check.compile_for_sm90``.
-
-    Typed as a contiguous launch specializes it: unit strides the constant 1, pointers 16-byte
-    aligned, sizes and other strides multiples of 16 (the shared-memory worst case). W planes are
-    bf16 unless x is fp32. Returns a dict: id, fn, signature, constexprs, num_warps, num_stages,
-    divisible.
-    """
-    fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-    const = dict(constexprs, **(config.kwargs if config is not None else {}))
-    sig, div = {}, []
-    for a in fn.arg_names:
-        if a in const:
-            continue
-        if a in _UNIT_STRIDES:
-            const[a] = 1
-        elif a in _X_ARGS:
-            sig[a] = "*" + _TL_DTYPE[x_dtype]
-        elif a in ("w_ptr", "wlo_ptr"):
-            sig[a] = "*fp32" if x_dtype == torch.float32 else "*bf16"
-        elif a.endswith("_ptr"):
-            sig[a] = "*fp32"
-        elif a in _FLOATS:
-            sig[a] = "fp32"
-        else:
-            sig[a] = "i32"
-            if a in _DIVISIBLE:
-                div.append(a)
-    if config is not None:
-        num_warps, num_stages = config.num_warps, config.num_stages
-    tiles = "x".join(f"{k}{v}" for k, v in (config.kwargs.items() if config is not None else ()))
-    return {"id": f"{name}-{_TL_DTYPE[x_dtype]}-n{n}" + (f"-{tiles}" if tiles else "") + f"-w{num_warps}s{num_stages}",
-            "fn": fn, "signature": sig, "constexprs": const, "num_warps": num_warps, "num_stages": num_stages,
-            "divisible": div}

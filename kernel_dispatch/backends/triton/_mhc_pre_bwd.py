@@ -17,9 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, sinkhorn_bwd
-from ._mhc_pre_bwd_grad import (GRAD_INTERPRET_CONFIG, GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN,  # noqa: F401
-                                grad_configs, mhc_pre_bwd_grad_kernel)
+from ._autotune import autotune
+from ._mhc_common import sinkhorn_bwd
 
 BT_TOKEN = 8  # tokens per program of the token kernel (fixed: it sizes the scratch and the partials)
 TOKEN_CONFIGS = [

@@ -21,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, dot16, split_bf16
+from ._autotune import autotune
+from ._mhc_common import config_table, dot16, launch_class, split_bf16
 
 _C = triton.Config
 _GRAD_16BIT = [
@@ -40,12 +41,13 @@ def grad_configs(x_kind: int, n: int) -> list:
     return _GRAD_FP32 if x_kind == 2 else _GRAD_16BIT
 
 
+GRAD_CONFIGS = config_table(grad_configs)
 GRAD_INTERPRET_CONFIG = triton.Config({"BT": 16, "BK": 64}, num_warps=4, num_stages=1)
 GRAD_SPLIT_ALIGN = 128  # tokens per split are a multiple of this (every BT divides it)
 GRAD_REF_COLUMNS = 128  # columns per program assumed when choosing the number of token splits
 
 
-@autotune(grad_configs, GRAD_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "HAS_ACC", "T_CLASS"])
+@autotune(GRAD_CONFIGS, GRAD_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "HAS_ACC", "T_CLASS"], class_of=launch_class)
 @triton.jit
 def mhc_pre_bwd_grad_kernel(x_ptr, g_ptr, w_ptr, wlo_ptr, gq_ptr, coef_ptr, hpre_ptr, acc_ptr, dx_ptr, part_ptr,
                             T, D, TPS, sxt, sxi, sxd, sgt, sgd, sat, sai, sad,

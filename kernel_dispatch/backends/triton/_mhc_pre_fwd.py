@@ -18,19 +18,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mhc_common import X_KINDS, autotune, compile_spec, dot16, pow2_at_least, split_bf16
-from ._mhc_pre_fwd_apply import APPLY_CONFIGS, MIX_BT, MIX_WARPS, mhc_pre_fwd_apply_kernel, mhc_pre_fwd_mix_kernel
+from ._autotune import autotune
+from ._mhc_common import config_table, dot16, launch_class, split_bf16
 
 WEIGHTS_BLOCK = 1024
 FWD_WEIGHTS_BK = 64  # rows k of Wt per program of mhc_pre_fwd_weights_kernel
 
 # BT tokens per program, BK features of one stream per chunk. Per x dtype (X_KIND) and n.
 _C = triton.Config
-# bf16 x: on an H200 with triton 3.6, (BT, BK, warps, stages) = (128, 64, 8, 4), (128, 128, 8, 3),
-# (64, 128, 4, 4) and (64, 64, 4, 6) gave wrong h_mix that changed from run to run at T >= 1024 (the
-# loaded x tile feeds the tensor cores straight from the async-copy pipeline; fp16/fp32 x, which pass
-# through registers first, were right in every config). Only the config proven right ships:
-# tests/test_triton_mhc_configs_gpu.py runs each shipped config alone on CUDA.
+# bf16 x feeds the tensor cores straight from the async-copy pipeline, and only this one config gives the right
+# h_mix at T >= 1024 on Hopper (tests/test_triton_mhc_configs_gpu.py runs each shipped config alone on CUDA).
 _GEMM_CONFIGS = {
     0: [_C({"BT": 256, "BK": 64}, num_warps=8, num_stages=3)],
     1: [_C({"BT": 128, "BK": 64}, num_warps=8, num_stages=3),
@@ -52,6 +49,9 @@ GEMM_REF_BT = 128  # the token block the launcher sizes the K splits for
 def gemm_configs(x_kind: int, n: int) -> list:
     """The autotuned configs of :func:`mhc_pre_fwd_gemm_kernel` for x of ``x_kind`` and ``n`` streams."""
     return (_GEMM_CONFIGS if n <= 4 else _GEMM_CONFIGS_N8)[x_kind]
+
+
+GEMM_CONFIGS = config_table(gemm_configs)
 
 
 def gemm_width(m: int, x_kind: int) -> int:
@@ -109,7 +109,7 @@ def _dot_cat(x, w, acc, X_KIND: tl.constexpr):
     return acc
 
 
-@autotune(gemm_configs, GEMM_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "T_CLASS"])
+@autotune(GEMM_CONFIGS, GEMM_INTERPRET_CONFIG, key=["N", "D", "X_KIND", "T_CLASS"], class_of=launch_class)
 @triton.jit
 def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
                             X_KIND: tl.constexpr, N: tl.constexpr, WS: tl.constexpr, WN: tl.constexpr,
@@ -146,20 +146,3 @@ def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
     row = t64 * tl.num_programs(1) + s
     tl.store(part_ptr + row[:, None] * WS + c[None, :], acc, mask=tmask[:, None] & cmask[None, :])
     tl.store(sq_ptr + row, tl.sum(sq, 1), mask=tmask)
-
-
-def compile_specs(x_dtype, n: int):
-    """Every shipped forward (kernel, config) for x of ``x_dtype`` and ``n`` streams, as arguments of
-    ``_compile_check.compile_for_sm90`` (see ``_mhc_common.compile_spec``)."""
-    kind = X_KINDS[x_dtype]
-    m = n * n + 2 * n
-    ws = gemm_width(m, kind)
-    wn = pow2_at_least(ws, 16)
-    yield compile_spec(mhc_pre_fwd_weights_kernel, "fwd_weights", x_dtype, n,
-                       dict(HAS_GAMMA=True, SPLIT=kind != 2, M=m, WS=ws, WN=wn, BK=FWD_WEIGHTS_BK))
-    for c in gemm_configs(kind, n):
-        yield compile_spec(mhc_pre_fwd_gemm_kernel, "fwd_gemm", x_dtype, n, dict(X_KIND=kind, N=n, WS=ws, WN=wn), c)
-    yield compile_spec(mhc_pre_fwd_mix_kernel, "fwd_mix", x_dtype, n,
-                       dict(SPLIT=kind != 2, N=n, M=m, WS=ws, BT=MIX_BT), num_warps=MIX_WARPS)
-    for c in APPLY_CONFIGS:
-        yield compile_spec(mhc_pre_fwd_apply_kernel, "fwd_apply", x_dtype, n, dict(N=n), c)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._mhc_common import autotune, sinkhorn
+from ._autotune import autotune
+from ._mhc_common import sinkhorn
 
 MIX_BT = 32
 MIX_WARPS = 4

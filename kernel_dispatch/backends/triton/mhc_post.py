@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autotune import size_class
-from ._mhc_common import autotune, check_streams, compile_spec, f32, narrow_strides
+from ._autotune import autotune, launch, size_class
+from ._mhc_common import check_streams, f32, narrow_strides
 from ._mhc_common import empty as _empty
 
 # BC: 16-byte vectors of D per program and chunk (BC * VEC elements); >= 32 * num_warps, so every
@@ -39,7 +39,7 @@ BWD_CONFIGS = [
 BWD_INTERPRET_CONFIG = triton.Config({"BC": 4}, num_warps=4)
 
 
-def _vec(dtype: torch.dtype) -> int:
+def vec(dtype: torch.dtype) -> int:
     """Elements of ``dtype`` in one 16-byte vector."""
     return 16 // torch.empty((), dtype=dtype).element_size()
 
@@ -117,9 +117,9 @@ def forward(f, x, h_post, h_res):
     T, n, D = _check(f, x, h_post, h_res)
     f, x = narrow_strides(f), narrow_strides(x)
     out = _empty(T, n, D, dtype=x.dtype, device=x.device)
-    mhc_post_fwd_kernel[lambda meta: (T * triton.cdiv(D, meta["BC"] * meta["VEC"]),)](
-        f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype),
-        T_CLASS=size_class(T))
+    launch(mhc_post_fwd_kernel, lambda meta: (T * triton.cdiv(D, meta["BC"] * meta["VEC"]),),
+           f, x, f32(h_post), f32(h_res), out, T, D, *f.stride(), *x.stride(), N=n, VEC=vec(x.dtype),
+           T_CLASS=size_class(T))
     return out
 
 
@@ -134,18 +134,6 @@ def backward(g, f, x, h_post, h_res):
     dx = _empty(T, n, D, dtype=x.dtype, device=dev)
     dh_post = _empty(T, n, dtype=f32t, device=dev)
     dh_res = _empty(T, n, n, dtype=f32t, device=dev)
-    mhc_post_bwd_kernel[(T,)](g, f, x, f32(h_post), f32(h_res), df, dx, dh_post, dh_res, T, D,
-                              *g.stride(), *f.stride(), *x.stride(), N=n, VEC=_vec(x.dtype),
-                              T_CLASS=size_class(T))
+    launch(mhc_post_bwd_kernel, (T,), g, f, x, f32(h_post), f32(h_res), df, dx, dh_post, dh_res, T, D,
+           *g.stride(), *f.stride(), *x.stride(), N=n, VEC=vec(x.dtype), T_CLASS=size_class(T))
     return df, dx, dh_post.to(h_post.dtype), dh_res.to(h_res.dtype)
-
-
-def sm90_compile_specs(dtypes=(torch.bfloat16,), ns=(4,)):
-    """Every shipped (kernel, config) of mHC post for x of ``dtypes`` and ``ns`` streams, as arguments of
-    ``_compile_check.compile_for_sm90`` (see ``_mhc_common.compile_spec``)."""
-    for dt in dtypes:
-        for n in ns:
-            for c in FWD_CONFIGS:
-                yield compile_spec(mhc_post_fwd_kernel, "post_fwd", dt, n, dict(N=n, VEC=_vec(dt)), c)
-            for c in BWD_CONFIGS:
-                yield compile_spec(mhc_post_bwd_kernel, "post_bwd", dt, n, dict(N=n, VEC=_vec(dt)), c)

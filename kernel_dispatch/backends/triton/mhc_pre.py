@@ -14,15 +14,14 @@ import torch
 import triton
 
 from ...golden.mhc_pre import check_dx_acc
-from ._autotune import size_class
-from ._mhc_common import INTERPRET, X_KINDS, check_streams, compile_spec, f32, narrow_strides, pow2_at_least
+from ._autotune import launch, size_class
+from ._interpret import INTERPRET
+from ._mhc_common import X_KINDS, check_streams, f32, narrow_strides, pow2_at_least
 from ._mhc_common import empty as _empty
-from ._mhc_pre_bwd import (BT_TOKEN, GRAD_INTERPRET_CONFIG, GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN, PARAM_BC, PARAM_WARPS,
-                           TOKEN_CONFIGS, grad_configs, mhc_pre_bwd_grad_kernel, mhc_pre_bwd_param_kernel,
-                           mhc_pre_bwd_token_kernel)
+from ._mhc_pre_bwd import BT_TOKEN, PARAM_BC, PARAM_WARPS, mhc_pre_bwd_param_kernel, mhc_pre_bwd_token_kernel
+from ._mhc_pre_bwd_grad import GRAD_REF_COLUMNS, GRAD_SPLIT_ALIGN, mhc_pre_bwd_grad_kernel
 from ._mhc_pre_fwd import (FWD_WEIGHTS_BK, GEMM_REF_BT, WEIGHTS_BLOCK, gemm_width, mhc_pre_fwd_gemm_kernel,
                            mhc_pre_fwd_weights_kernel, mhc_pre_weights_kernel)
-from ._mhc_pre_fwd import compile_specs as fwd_compile_specs
 from ._mhc_pre_fwd_apply import MIX_BT, MIX_WARPS, mhc_pre_fwd_apply_kernel, mhc_pre_fwd_mix_kernel
 
 
@@ -58,7 +57,7 @@ def _grad_splits(T: int, n: int, D: int, device: torch.device) -> tuple[int, int
     """(S, tokens per split) of the grad kernel: the S in 1..8 whose last wave of programs (chunks of
     GRAD_REF_COLUMNS columns, about 2 resident per SM) is fullest, fewest splits on a tie."""
     sms = 4 if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
-    align = GRAD_INTERPRET_CONFIG.kwargs["BT"] if INTERPRET else GRAD_SPLIT_ALIGN
+    align = mhc_pre_bwd_grad_kernel.configs[0].kwargs["BT"] if INTERPRET else GRAD_SPLIT_ALIGN
     chunks, slots = triton.cdiv(n * D, GRAD_REF_COLUMNS), 2 * sms
     best = max(range(1, 9), key=lambda s: (chunks * s / (triton.cdiv(chunks * s, slots) * slots), -s))
     s = max(1, min(best, triton.cdiv(T, align)))
@@ -94,8 +93,8 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
     splits = _fwd_splits(T, D, dev)
     part = _empty(T, splits, ws, dtype=f, device=dev)
     sq = _empty(T, splits, dtype=f, device=dev)
-    mhc_pre_fwd_gemm_kernel[lambda meta: (triton.cdiv(T, meta["BT"]), splits)](
-        x, wt, part, sq, T, D, *x.stride(), X_KIND=kind, N=n, WS=ws, WN=wn, T_CLASS=size_class(T))
+    launch(mhc_pre_fwd_gemm_kernel, lambda meta: (triton.cdiv(T, meta["BT"]), splits),
+           x, wt, part, sq, T, D, *x.stride(), X_KIND=kind, N=n, WS=ws, WN=wn, T_CLASS=size_class(T))
 
     h_pre = _empty(T, n, dtype=f, device=dev)
     h_post = _empty(T, n, dtype=f, device=dev)
@@ -108,8 +107,8 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
         BT=MIX_BT, num_warps=MIX_WARPS)
 
     h_in = _empty(T, D, dtype=x.dtype, device=dev)
-    mhc_pre_fwd_apply_kernel[lambda meta: (triton.cdiv(T, meta["BT"]) * triton.cdiv(D, meta["BH"]),)](
-        x, h_pre, h_in, T, D, *x.stride(), N=n, T_CLASS=size_class(T))
+    launch(mhc_pre_fwd_apply_kernel, lambda meta: (triton.cdiv(T, meta["BT"]) * triton.cdiv(D, meta["BH"]),),
+           x, h_pre, h_in, T, D, *x.stride(), N=n, T_CLASS=size_class(T))
     return h_in, h_post, h_res, z, inv_rms
 
 
@@ -144,20 +143,20 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     h_pre = _empty(T, n, dtype=f, device=dev)
     block_sums = _empty(blocks, M + 3, dtype=f, device=dev)
     scratch = _empty(blocks * (2 * iters - 1) * BT_TOKEN * n * n, dtype=f, device=dev)
-    mhc_pre_bwd_token_kernel[(blocks,)](
-        x, dh_in, f32(dh_post), f32(dh_res), f32(z), f32(inv_rms), alpha32, bias32, gq, coef, h_pre, block_sums,
-        scratch, T, D, *x.stride(), *dh_in.stride(), iters, float(post_mult), float(pre_eps), float(sinkhorn_eps),
-        X_KIND=kind, N=n, M=M, MP=mp, BT=BT_TOKEN, T_CLASS=size_class(T))
+    launch(mhc_pre_bwd_token_kernel, (blocks,),
+           x, dh_in, f32(dh_post), f32(dh_res), f32(z), f32(inv_rms), alpha32, bias32, gq, coef, h_pre, block_sums,
+           scratch, T, D, *x.stride(), *dh_in.stride(), iters, float(post_mult), float(pre_eps), float(sinkhorn_eps),
+           X_KIND=kind, N=n, M=M, MP=mp, BT=BT_TOKEN, T_CLASS=size_class(T))
 
     splits, tps = _grad_splits(T, n, D, dev)
     dx = _empty(T, n, D, dtype=x.dtype, device=dev)
     partial = _empty(splits, M, n * D, dtype=f, device=dev)
     w, w_lo = _weights(phi32, gamma32, kind)
     acc = dx if dx_acc is None else dx_acc
-    mhc_pre_bwd_grad_kernel[lambda meta: (triton.cdiv(D, meta["BK"] // n), splits)](
-        x, dh_in, w, w_lo, gq, coef, h_pre, acc, dx, partial, T, D, tps,
-        *x.stride(), *dh_in.stride(), *acc.stride(), X_KIND=kind, HAS_ACC=dx_acc is not None, N=n, M=M, MP=mp,
-        T_CLASS=size_class(T))
+    launch(mhc_pre_bwd_grad_kernel, lambda meta: (triton.cdiv(D, meta["BK"] // n), splits),
+           x, dh_in, w, w_lo, gq, coef, h_pre, acc, dx, partial, T, D, tps,
+           *x.stride(), *dh_in.stride(), *acc.stride(), X_KIND=kind, HAS_ACC=dx_acc is not None, N=n, M=M, MP=mp,
+           T_CLASS=size_class(T))
 
     dphi = _empty(M, n * D, dtype=f, device=dev)
     dgamma = _empty(n * D, dtype=f, device=dev) if has_gamma else dphi
@@ -169,30 +168,3 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     dbias, dalpha = sums[:M].clone(), sums[M:].clone()
     return (dx, dphi.to(phi.dtype), dalpha.to(alpha.dtype), dbias.to(bias.dtype),
             dgamma.to(gamma.dtype) if has_gamma else None)
-
-
-def sm90_compile_specs(dtypes=(torch.bfloat16,), ns=(4,)):
-    """Every shipped (kernel, config) of mHC pre for x of ``dtypes`` and ``ns`` streams, as arguments of
-    ``_compile_check.compile_for_sm90`` (see ``_mhc_common.compile_spec``)."""
-    for dt in dtypes:
-        kind = X_KINDS[dt]
-        for n in ns:
-            m = n * n + 2 * n
-            mp = pow2_at_least(m, 16)
-            yield compile_spec(mhc_pre_weights_kernel, "weights", dt, n,
-                               dict(HAS_GAMMA=True, SPLIT=kind != 2, BLOCK=WEIGHTS_BLOCK))
-            yield from fwd_compile_specs(dt, n)
-            gq_type = "*fp32" if kind == 2 else "*bf16"
-            for c in TOKEN_CONFIGS:
-                spec = compile_spec(mhc_pre_bwd_token_kernel, "token", dt, n,
-                                    dict(X_KIND=kind, N=n, M=m, MP=mp, BT=BT_TOKEN), c)
-                spec["signature"]["gq_ptr"] = gq_type
-                yield spec
-            for has_acc in (False, True):
-                for c in grad_configs(kind, n):
-                    spec = compile_spec(mhc_pre_bwd_grad_kernel, "grad-acc" if has_acc else "grad", dt, n,
-                                        dict(X_KIND=kind, HAS_ACC=has_acc, N=n, M=m, MP=mp), c)
-                    spec["signature"].update(gq_ptr=gq_type, acc_ptr=spec["signature"]["x_ptr"])
-                    yield spec
-            yield compile_spec(mhc_pre_bwd_param_kernel, "param", dt, n, dict(HAS_GAMMA=True, M=m, MP=mp, BC=PARAM_BC),
-                               num_warps=PARAM_WARPS)

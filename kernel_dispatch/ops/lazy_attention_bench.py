@@ -1,4 +1,5 @@
-"""Lazy attention sweep: shapes, inputs, candidates, FLOP count and correctness against golden.
+"""Lazy attention's bench module (the protocol: :mod:`kernel_dispatch.benchmarks.common`): the sweep's shapes,
+inputs, candidates, FLOP count and correctness against golden, its table, plot and README summary rows.
 
 Effective TFLOP/s use the FlashAttention convention for causal attention of q [B, H, L, D]:
 forward 4*B*H*L^2*D / 2 (the two matrix products, halved for the causal mask), backward 2.5x the
@@ -7,18 +8,27 @@ so these are effective rates, comparable with the SDPA and FlexAttention rows of
 """
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-import kernel_dispatch as kd
-
 from .. import registry
-from . import baselines
-from .common import Candidate, check_record, compare, short_error
+from ..benchmarks import plots, report
+from ..benchmarks.common import Candidate, check_record, compare, from_fn, int_list, one_int, short_error
+from . import lazy_attention_baselines as baselines
+from .lazy_attention import lazy_attention
 
-OP = "lazy_attention"
+NAME = "lazy_attention"
+BASELINES = baselines.BASELINES
+BASELINE_NOTES = baselines.NOTES
+CONVENTIONS = {
+    "lazy_attention_flops": "causal FlashAttention convention: fwd 4*B*H*L^2*D/2, bwd 2.5x fwd, fwd+bwd 3.5x fwd",
+}
+SIZE_FLAGS = ("L",)
+D_HELP = ("head dims", "64,128")
 DEFAULT = {"L": (1024, 2048, 4096, 8192, 16384, 32768), "D": (64, 128), "H": 16, "tokens": 16384, "W": 512}
 QUICK = {"L": (64, 128), "D": (64,), "H": 2, "tokens": 128, "W": 16}
 LONG_L = 32768  # from here on only the fastest backends run (time budget of the default sweep)
@@ -45,9 +55,19 @@ class Shape:
         return f"{self.B}x{self.H}x{self.L}x{self.D}"
 
 
-def shapes(Ls, Ds, H: int, tokens: int, W: int) -> list[Shape]:
-    """The sweep: B = tokens // L (at least 1), so every L moves the same number of tokens."""
-    return [Shape(max(1, tokens // L), H, L, D, W) for D in Ds for L in Ls]
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Its options: --L, --H, --tokens, --W (sizes like '1K' accepted)."""
+    p.add_argument("--L", type=int_list, help="lazy attention sequence lengths, e.g. 1K,4K,32K")
+    p.add_argument("--H", type=one_int, help="lazy attention heads (default 16)")
+    p.add_argument("--tokens", type=one_int, help="lazy attention B*L per point; B = tokens // L (default 16K)")
+    p.add_argument("--W", type=one_int, help="lazy attention bias length (default 512)")
+
+
+def shapes(args: argparse.Namespace, quick: bool, Ds: tuple[int, ...] | None) -> list[Shape]:
+    """The sweep: every (D, L), B = tokens // L (at least 1), so every L moves the same number of tokens."""
+    d = QUICK if quick else DEFAULT
+    H, tokens, W = args.H or d["H"], args.tokens or d["tokens"], args.W or d["W"]
+    return [Shape(max(1, tokens // L), H, L, D, W) for D in (Ds or d["D"]) for L in (args.L or d["L"])]
 
 
 def flops(s: Shape) -> dict:
@@ -125,7 +145,7 @@ class Reference:
             t = self.t
             leaves = [self._cut(x).detach().double().requires_grad_() for x in (t.q, t.k, t.v)]
             leaves += [p[:self.h].detach().double().requires_grad_() for p in (t.bias, t.tau)]
-            o = kd.lazy_attention(*leaves, backend="golden")
+            o = lazy_attention(*leaves, backend="golden")
             grads = torch.autograd.grad(o, leaves, self._cut(t.do).double())
             self._ref = dict(zip(FWD_NAMES + BWD_NAMES, (o.detach(),) + grads))
         return self._ref
@@ -152,33 +172,28 @@ def meta(s: Shape, dtype: torch.dtype, device: torch.device) -> dict:
             "causal": True, "bias_length": s.W}
 
 
-def _from_fn(name: str, fn, t: Inputs, ref: Reference, note: str = "") -> Candidate:
-    return Candidate(name, forward=lambda: fn(*t.leaves),
-                     fwd_bwd=lambda: torch.autograd.grad(fn(*t.leaves), t.leaves, t.do),
-                     check=lambda: ref.check(fn), note=note)
-
-
 def candidate(name: str, s: Shape, t: Inputs, ref: Reference) -> Candidate:
-    """The candidate ``name`` (a backend or a baseline of :mod:`baselines`) at shape ``s``."""
+    """The candidate ``name`` (a backend or a baseline of :mod:`.lazy_attention_baselines`) at shape ``s``."""
     device = t.q.device
     scale = 1.0 / math.sqrt(s.D)
     if name in ("golden", "golden_compile") and dense_reason(s, device):
         return Candidate(name, reason=dense_reason(s, device))
     if s.L >= LONG_L and name not in FASTEST:
         return Candidate(name, reason=f"L >= {LONG_L}: only {', '.join(FASTEST)} run (time budget)")
-    if name in baselines.ATTENTION:
-        if name == "golden_compile":
-            return _from_fn(name, baselines.golden_compile_attention(scale), t, ref, "compiled golden")
-        if name == "flex":
-            return baselines.flex(t.q, t.k, t.v, t.bias, t.do, scale)
+    if name == "golden_compile":
+        return from_fn(name, baselines.golden_compile(scale), t.leaves, t.do, ref, "compiled golden")
+    if name == "flex":
+        return baselines.flex(t.q, t.k, t.v, t.bias, t.do, scale)
+    if name in BASELINES:
         return baselines.sdpa(name, t.q, t.k, t.v, t.do, scale)
-    reasons = registry.why_not(OP, name, meta(s, t.q.dtype, device))
+    reasons = registry.why_not(NAME, name, meta(s, t.q.dtype, device))
     if reasons:
         return Candidate(name, reason="; ".join(reasons))
-    return _from_fn(name, lambda q, k, v, bias, tau: kd.lazy_attention(q, k, v, bias, tau, backend=name), t, ref)
+    return from_fn(name, lambda q, k, v, bias, tau: lazy_attention(q, k, v, bias, tau, backend=name), t.leaves, t.do,
+                   ref)
 
 
-def metrics(s: Shape, rec: dict) -> dict:
+def metrics(s: Shape, rec: dict, copy_gbps: float | None = None) -> dict:
     """Effective TFLOP/s of each timed direction of a record."""
     f = flops(s)
     out = {}
@@ -187,3 +202,73 @@ def metrics(s: Shape, rec: dict) -> dict:
         if r and "median_ms" in r:
             out[f"{key}_tflops"] = f[key] / (r["median_ms"] * 1e-3) / 1e12
     return out
+
+
+# ----------------------------------------------------------------------------- report, plot, README rows
+
+
+def heading(records: list[dict], run: dict) -> str:
+    return f"Lazy attention (causal, {records[0]['dtype']})"
+
+
+def table(records: list[dict]) -> str:
+    """Markdown table of lazy attention records (one row per shape x backend)."""
+    header = ["B×H×L×D (W)", "backend", "fwd ms", "fwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s",
+              "peak MiB fwd / f+b", "max abs err fwd / bwd", "rel err fwd / bwd", "notes"]
+    rows = []
+    for r in sorted(records, key=lambda r: (r["shape"]["D"], r["shape"]["L"])):
+        s, m = r["shape"], r["metrics"]
+        rows.append([f"{s['B']}×{s['H']}×{s['L']}×{s['D']} ({s['W']})", r["backend"], report.time_cell(r["fwd"]),
+                     report.num(m.get("fwd_tflops"), 3), report.time_cell(r["fwd_bwd"]),
+                     report.num(m.get("fwd_bwd_tflops"), 3), report.peak_cell(r), report.err_cell(r, "max_abs"),
+                     report.err_cell(r, "rel"), report.notes(r)])
+    return report.markdown_table(header, rows)
+
+
+PLOT_FILE = "lazy_attention_time.png"
+PLOT_TITLE = "Lazy attention"
+
+
+def plot(records: list[dict], path: Path, title: str) -> Path | None:
+    """Median time (ms, log) vs L (log) per backend; columns are head dims, rows fwd and fwd+bwd."""
+    Ds = sorted({r["shape"]["D"] for r in records})
+    if not Ds:
+        return None
+    plt = plots.pyplot()
+    fig, axes = plots.grid(plt, len(Ds), title)
+    styles = plots.styles(records)
+    for row, (key, label) in enumerate(plots.DIRECTIONS):
+        panels = plots.series(records, lambda r: r["shape"]["D"], lambda r: r["shape"]["L"],
+                              lambda r, key=key: (r.get(key) or {}).get("median_ms"))
+        for col, D in enumerate(Ds):
+            ax = axes[row][col]
+            plots.draw(ax, panels.get(D, {}), styles)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"D = {D}, {label}")
+            ax.set_xlabel("L (tokens; B = tokens // L)")
+            ax.set_ylabel("median time (ms)")
+    return plots.save(plt, fig, path)
+
+
+# The README's speed summary: the issues' target shape, each backend and baseline in one row.
+SUMMARY_SHAPE = {"B": 4, "H": 16, "L": 4096, "D": 128, "W": 512}
+SUMMARY_ROWS = {"tilelang": "tilelang", "triton": "triton",
+                "sdpa_cudnn": "SDPA cuDNN: plain causal attention (no bias, no Elastic-Softmax)",
+                "flex": "FlexAttention: bias as score_mod (no Elastic-Softmax), bias gradient included"}
+
+
+def summary(records: list[dict]) -> str:
+    """The README's rows: forward and forward+backward ms at SUMMARY_SHAPE."""
+    def ms(r, key):
+        t = (r or {}).get(key) or {}
+        return "—" if "median_ms" not in t else f"{t['median_ms']:.4g}"
+
+    a = SUMMARY_SHAPE
+    lines = [f"| lazy attention, bf16, causal, B={a['B']} H={a['H']} L={a['L']} D={a['D']} W={a['W']} "
+             "| fwd ms | fwd+bwd ms |", "|---|---|---|"]
+    for backend, label in SUMMARY_ROWS.items():
+        r = next((r for r in records if r["backend"] == backend
+                  and all(r["shape"].get(k) == v for k, v in a.items())), None)
+        lines.append(f"| {label} | {ms(r, 'fwd')} | {ms(r, 'fwd_bwd')} |")
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""Lazy attention over a KV cache in Triton (SPEC section 5): the launcher of ``_lazy_attention_kvcache``.
+
+Same ``forward`` as kernel_dispatch/golden/lazy_attention_with_kvcache.py: q [B, H, Lq, D]; k_cache, v_cache
+[B, Hkv, S, D] (fp16, bf16 or fp32, any strides); bias [H, W] fp32; tau [H] fp32; seqlens_k [B] int32 on q's
+device (n_b, the new keys included); head dims 16, 32, 64, 128. The launcher never reads seqlens_k on the host:
+the grid and every buffer depend on the shapes only, so a decode step can be captured in a CUDA graph.
+
+Split count and whether the scores are kept between the passes: ``kernel_dispatch.backends.kvcache_splits``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..kvcache_splits import SplitPolicy, keep_scores, num_splits, sm_count
+from ._lazy_attention_fwd import LOG2E
+from ._lazy_attention_kvcache import kvcache_lse_kernel, kvcache_out_kernel, kvcache_reduce_kernel
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class KVCacheTiles:
+    """The launch configuration of the two key passes: BLOCK_N keys per step, ``block_m`` rows of the
+    (query head, query) tile at most (fewer when R, rounded up to a power of two, is smaller; 16 at least)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Memory-bound: 16-byte loads of K and V tiles, a cp.async pipeline of num_stages tiles, small fp32 score tiles.
+TILES = {"half": KVCacheTiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
+         "fp32": KVCacheTiles(block_m=32, block_n=32, num_warps=4, num_stages=2)}
+INTERPRET_TILES = KVCacheTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
+POLICY = SplitPolicy(ctas_per_sm=4, min_keys=128)
+INTERPRET_POLICY = SplitPolicy(ctas_per_sm=4, min_keys=16)
+INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
+REDUCE_BLOCK_M = 16
+
+
+def tiles_for(dtype: torch.dtype, rows: int) -> KVCacheTiles:
+    """The tiles for ``rows`` = R = (H / Hkv) * Lq tile rows of one kv head (block_m cut down to fit R)."""
+    base = INTERPRET_TILES if INTERPRET else TILES["fp32" if dtype == torch.float32 else "half"]
+    bm = max(16, min(base.block_m, triton.next_power_of_2(rows)))
+    return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
+
+
+def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q: triton lazy attention with a KV cache supports fp16, bf16 and fp32, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache, v_cache: expected q's dtype {q.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {q.shape[-1]} not in {HEAD_DIMS}")
+    if q.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"q: triton kernels need a CUDA tensor (or TRITON_INTERPRET=1), got device {q.device}")
+    B, H, _, D = q.shape
+    Hkv = k_cache.shape[1]
+    if k_cache.dim() != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D or H % Hkv or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache, v_cache: expected [B, Hkv, S, D] with H % Hkv == 0, got "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if bias.dim() != 2 or bias.shape[0] != H:
+        raise ValueError(f"bias: expected [H, W] = [{H}, W], got {tuple(bias.shape)}")
+    if tau.shape != (H,):
+        raise ValueError(f"tau: expected [H] = [{H}], got {tuple(tau.shape)}")
+    if seqlens_k.shape != (B,) or seqlens_k.dtype != torch.int32:
+        raise ValueError(f"seqlens_k: expected int32 [B] = [{B}], got {seqlens_k.dtype} {tuple(seqlens_k.shape)}")
+
+
+def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
+            keep: bool | None = None):
+    """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
+
+    ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path).
+    """
+    _check(q, k_cache, v_cache, bias, tau, seqlens_k)
+    B, H, Lq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    G = H // Hkv
+    R = G * Lq
+    dev = q.device
+    tiles = tiles_for(q.dtype, R)
+    m_blocks = triton.cdiv(R, tiles.block_m)
+    policy = INTERPRET_POLICY if INTERPRET else POLICY
+    ns = splits if splits is not None else num_splits(B * Hkv * m_blocks, S, sm_count(dev, INTERPRET_SMS), policy)
+    keep = keep_scores(R, D, q.element_size()) if keep is None else keep
+    bias32 = bias.to(torch.float32).contiguous()
+    tau32 = tau.to(torch.float32).contiguous()
+    seqlens = seqlens_k.contiguous()
+    o = torch.empty(B, H, Lq, D, dtype=q.dtype, device=dev)
+    sp = triton.cdiv(S, tiles.block_n) * tiles.block_n  # whole tiles: pass 1 stores a split's last tile whole
+    scores = torch.empty(B * Hkv, R, sp if keep else 1, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(ns, B * Hkv, R, dtype=torch.float32, device=dev)
+    o_part = torch.empty(ns if ns > 1 else 1, B * Hkv, R, D if ns > 1 else 1, dtype=torch.float32, device=dev)
+    W = bias.shape[1]
+    qk_scale = float(scale) * LOG2E
+    flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
+                 PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
+                 num_stages=tiles.num_stages)
+    grid = (ns, B * Hkv, m_blocks)
+    shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
+    kvcache_lse_kernel[grid](q, k_cache, bias32, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
+                             bias32.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
+                             lse_part.stride(1), *shape_args, **flags)
+    kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
+                             *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
+                             scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
+                             *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
+    if ns > 1:
+        bm = min(REDUCE_BLOCK_M, triton.next_power_of_2(R))
+        kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm))](
+            o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
+            BLOCK_N=tiles.block_n, num_warps=4 if not INTERPRET else 1)
+    return o
+
+
+_TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_KERNELS = {"lse": kvcache_lse_kernel, "out": kvcache_out_kernel, "reduce": kvcache_reduce_kernel}
+_FP32_POINTERS = ("Bias", "Tau", "SCORES", "LSE_PART", "O_PART")
+
+
+def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
+    """Every kernel variant the launcher can run on CUDA, as arguments of ``_compile_check.compile_for_sm90``.
+
+    Yields dicts: id, fn, signature, constexprs, num_warps, num_stages, divisible. ``rows``: the R = (H / Hkv) * Lq
+    values whose tiles to build (4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
+    without kept scores and with and without the direct store; strides are typed as a contiguous launch
+    specializes them (unit D strides constant, the others multiples of 16).
+    """
+    for dt in dtypes:
+        for d in head_dims:
+            for r in rows:
+                t = TILES["fp32" if dt == torch.float32 else "half"]
+                t = KVCacheTiles(max(16, min(t.block_m, triton.next_power_of_2(r))), t.block_n, t.num_warps,
+                                 t.num_stages)
+                variants = [("lse", dict(KEEP=k)) for k in (True, False)]
+                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 64)) for k in (True, False)
+                             for dr in (True, False)]
+                variants += [("reduce", {})]
+                for name, extra in variants:
+                    fn = _KERNELS[name]
+                    sig, div = {}, []
+                    for arg in fn.arg_names:
+                        if arg in ("Q", "K", "V", "O"):
+                            sig[arg] = "*" + _TRITON_DTYPE[dt]
+                        elif arg in _FP32_POINTERS:
+                            sig[arg] = "*fp32"
+                        elif arg == "Seqlens":
+                            sig[arg] = "*i32"
+                        elif arg == "qk_scale":
+                            sig[arg] = "fp32"
+                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "NS_POW2", "KEEP", "DIRECT", "UPCAST", "PREC"):
+                            continue
+                        else:
+                            sig[arg] = "i32"
+                            if arg.startswith("stride") and not arg.endswith("d"):
+                                div.append(arg)
+                    const = {k: v for k, v in arg_constants(fn, d, dt, t).items() if k in fn.arg_names}
+                    const.update({k: v for k, v in extra.items() if k in fn.arg_names})
+                    const.update({a: 1 for a in fn.arg_names if a.startswith("stride") and a.endswith("d")})
+                    for a in const:
+                        sig.pop(a, None)
+                    tag = "-".join(f"{k.lower()}{int(v)}" for k, v in sorted(extra.items()))
+                    warps = t.num_warps
+                    yield {"id": f"kvcache-{name}-{_TRITON_DTYPE[dt]}-d{d}-r{r}" + (f"-{tag}" if tag else ""),
+                           "fn": fn, "signature": sig, "constexprs": const, "num_warps": warps,
+                           "num_stages": t.num_stages if name != "reduce" else 3, "divisible": div}
+
+
+def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles) -> dict:
+    """The constexpr arguments the launcher passes to ``fn`` on CUDA (besides KEEP, DIRECT and NS_POW2)."""
+    block_m = tiles.block_m if fn is not kvcache_reduce_kernel else REDUCE_BLOCK_M
+    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tiles.block_n, UPCAST=False,
+                PREC="ieee" if dtype == torch.float32 else "tf32")

@@ -1,0 +1,210 @@
+"""Compile every shipped Triton kernel configuration for a GPU target without a GPU.
+
+Triton compiles for a named target (``GPUTarget("cuda", 90, 32)``) through the ptxas it ships, so no device is
+needed; it must run WITHOUT ``TRITON_INTERPRET=1`` (the tests run it in a subprocess). A spec (a dict: id, fn,
+signature, constexprs, num_warps, num_stages, divisible) is one (kernel, config) typed as a contiguous launch
+specializes it: unit strides the constant 1, pointers 16-byte aligned, sizes and other strides multiples of 16;
+its "group" names the launch class the autotuner picks among (the same kernel, dtypes and sizes, any config).
+Alignment enables the cp.async pipelining that uses most of the shared memory, so this is the realistic worst
+case. :func:`lazy_attention_specs`, :func:`mhc_pre_specs` and :func:`mhc_post_specs` list them.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+
+SM90_SHARED_BYTES = 232448  # the opt-in shared memory per block of sm_90
+# the opt-in shared memory per block of each architecture the compile tests build for (A100: sm_80; RTX 30xx, A10:
+# sm_86; L4, L40, RTX 40xx: sm_89; H100, H200: sm_90; RTX 50xx: sm_120)
+SHARED_BYTES = {80: 166912, 86: 101376, 89: 101376, 90: SM90_SHARED_BYTES, 120: 101376}
+
+_TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def compile_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], num_warps: int, num_stages: int, *,
+                 divisible: Iterable[str] = (), arch: int = 90):
+    """The triton ``CompiledKernel`` of ``fn`` for sm_``arch`` (default 90; PTX in ``asm["ptx"]``, shared memory in
+    bytes in ``metadata.shared``). Raises whatever triton raises when the kernel does not compile.
+
+    Args:
+        fn: the ``@triton.jit`` function.
+        signature: ``{arg name: triton type}``, e.g. ``{"q_ptr": "*bf16", "L": "i32", "eps": "fp32"}``;
+            constexpr arguments may be omitted here (they are typed ``"constexpr"`` automatically).
+        constexprs: ``{arg name: value}`` for every ``tl.constexpr`` argument.
+        num_warps, num_stages: the launch configuration to compile.
+        divisible: integer arguments to compile as multiples of 16 (as triton specializes a launch whose sizes or
+            strides are), besides every pointer, which is taken as 16-byte aligned like any torch allocation.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    sig = dict(signature)
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name not in sig:
+            raise ValueError(f"signature: no type for argument {name!r} of {fn.__name__}")
+    unknown = set(sig) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"signature: {sorted(unknown)} are not arguments of {fn.__name__}")
+    sig = {name: sig[name] for name in fn.arg_names}
+    divisible = set(divisible)
+    unknown = divisible - {n for n, t in sig.items() if t in ("i32", "i64", "u32", "u64")}
+    if unknown:
+        raise ValueError(f"divisible: {sorted(unknown)} are not integer arguments of {fn.__name__}")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if sig[name].startswith("*") or name in divisible}
+    src = ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs)
+    options = {"num_warps": int(num_warps), "num_stages": int(num_stages), "enable_fp_fusion": True}
+    return triton.compile(src, target=GPUTarget("cuda", int(arch), 32), options=options)
+
+
+def compile_spec(spec: Mapping[str, Any], arch: int = 90):
+    """:func:`compile_sm90` of one spec (a dict as the specs functions yield) for sm_``arch``."""
+    return compile_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
+                        divisible=spec["divisible"], arch=arch)
+
+
+def small_async_copies(ptx: str) -> int:
+    """How many 4-byte ``cp.async`` copies (one fp32 per thread into shared memory) a kernel's PTX issues."""
+    return len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, 0x4\b", ptx))
+
+
+def _jit_fn(kernel):
+    """The ``@triton.jit`` function of a kernel, autotuned or not."""
+    import triton
+
+    return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+
+
+def lazy_attention_specs(head_dims=None, dtypes=None, causal=(True,)) -> Iterator[dict]:
+    """Every shipped (kernel, config) of Triton lazy attention (default: every head dim and dtype)."""
+    from ..backends.triton import lazy_attention as tk
+
+    head_dims = tk.HEAD_DIMS if head_dims is None else head_dims
+    dtypes = tk.DTYPES if dtypes is None else dtypes
+    for name, kernel in tk.KERNELS.items():
+        fn = _jit_fn(kernel)
+        for dt in dtypes:
+            for d in head_dims:
+                for c in tk.shipped_configs(name, d, dt):
+                    for cz in causal:
+                        sig, const, div = {}, {}, []
+                        for arg in fn.arg_names:
+                            if arg in ("Q", "K", "V", "DO", "O", "DQ", "DK", "DV"):
+                                sig[arg] = "*" + _TL_DTYPE[dt]
+                            elif arg == "Lens":
+                                sig[arg] = "*i64"
+                            elif arg in ("Bias", "Tau", "LSE", "DELTA", "DTAU_PART", "DB_PART"):
+                                sig[arg] = "*fp32"
+                            elif arg in ("qk_scale", "sm_scale"):
+                                sig[arg] = "fp32"
+                            elif arg.endswith("d") and arg.startswith("stride") or arg in ("stride_bw", "stride_tau"):
+                                const[arg] = 1
+                            elif arg.startswith("stride") or arg in ("H", "HKV", "L", "W", "GROUPS", "NSEG",
+                                                                      "SEG_OFF", "BH_OFF", "L_CLASS"):
+                                sig[arg] = "i32"
+                                if arg.startswith("stride") or arg == "L":
+                                    div.append(arg)
+                        const.update(c.kwargs)
+                        const.update(CAUSAL=cz, HAS_LENS=True, HEAD_DIM=d,
+                                     PREC="ieee" if dt == torch.float32 else "tf32")
+                        blocks = "x".join(str(v) for v in c.kwargs.values())
+                        group = f"{name}-{_TL_DTYPE[dt]}-d{d}-{'causal' if cz else 'full'}"
+                        yield {"id": f"{group}-{blocks}-w{c.num_warps}s{c.num_stages}", "group": group,
+                               "fn": fn, "signature": sig, "constexprs": const, "num_warps": c.num_warps,
+                               "num_stages": c.num_stages, "divisible": div}
+
+
+_X_ARGS = {"x_ptr", "g_ptr", "h_in_ptr", "dx_ptr", "f_ptr", "out_ptr", "df_ptr"}  # in the activations' dtype
+_UNIT_STRIDES = {"sxd", "sgd", "sfd"}
+_DIVISIBLE = {"T", "D", "sxt", "sxi", "sgt", "sgo", "sft", "TPS", "total", "ND"}
+_FLOATS = {"post_mult", "norm_eps", "pre_eps", "sk_eps"}
+
+
+def _mhc_spec(kernel, name: str, x_dtype: torch.dtype, n: int, constexprs: dict, config=None,
+              num_warps: int = 4, num_stages: int = 3) -> dict:
+    """One mHC (kernel, config) as a spec; W planes are bf16 unless x is fp32."""
+    fn = _jit_fn(kernel)
+    const = dict(constexprs, **(config.kwargs if config is not None else {}))
+    sig, div = {}, []
+    for a in fn.arg_names:
+        if a in const:
+            continue
+        if a in _UNIT_STRIDES:
+            const[a] = 1
+        elif a in _X_ARGS:
+            sig[a] = "*" + _TL_DTYPE[x_dtype]
+        elif a in ("w_ptr", "wlo_ptr"):
+            sig[a] = "*fp32" if x_dtype == torch.float32 else "*bf16"
+        elif a.endswith("_ptr"):
+            sig[a] = "*fp32"
+        elif a in _FLOATS:
+            sig[a] = "fp32"
+        else:
+            sig[a] = "i32"
+            if a in _DIVISIBLE:
+                div.append(a)
+    if config is not None:
+        num_warps, num_stages = config.num_warps, config.num_stages
+    tiles = "x".join(f"{k}{v}" for k, v in (config.kwargs.items() if config is not None else ()))
+    group = f"{name}-{_TL_DTYPE[x_dtype]}-n{n}"
+    return {"id": group + (f"-{tiles}" if tiles else "") + f"-w{num_warps}s{num_stages}", "group": group, "fn": fn,
+            "signature": sig, "constexprs": const, "num_warps": num_warps, "num_stages": num_stages,
+            "divisible": div}
+
+
+def mhc_pre_specs(dtypes=(torch.bfloat16,), ns=(4,)) -> Iterator[dict]:
+    """Every shipped (kernel, config) of Triton mHC pre for x of ``dtypes`` and ``ns`` streams."""
+    from ..backends.triton import _mhc_pre_bwd as bwd
+    from ..backends.triton import _mhc_pre_bwd_grad as grad
+    from ..backends.triton import _mhc_pre_fwd as fwd
+    from ..backends.triton import _mhc_pre_fwd_apply as apply
+    from ..backends.triton._mhc_common import X_KINDS, pow2_at_least
+
+    for dt in dtypes:
+        kind = X_KINDS[dt]
+        for n in ns:
+            m = n * n + 2 * n
+            mp = pow2_at_least(m, 16)
+            ws = fwd.gemm_width(m, kind)
+            wn = pow2_at_least(ws, 16)
+            yield _mhc_spec(fwd.mhc_pre_weights_kernel, "weights", dt, n,
+                            dict(HAS_GAMMA=True, SPLIT=kind != 2, BLOCK=fwd.WEIGHTS_BLOCK))
+            yield _mhc_spec(fwd.mhc_pre_fwd_weights_kernel, "fwd_weights", dt, n,
+                            dict(HAS_GAMMA=True, SPLIT=kind != 2, M=m, WS=ws, WN=wn, BK=fwd.FWD_WEIGHTS_BK))
+            for c in fwd.gemm_configs(kind, n):
+                yield _mhc_spec(fwd.mhc_pre_fwd_gemm_kernel, "fwd_gemm", dt, n, dict(X_KIND=kind, N=n, WS=ws, WN=wn), c)
+            yield _mhc_spec(apply.mhc_pre_fwd_mix_kernel, "fwd_mix", dt, n,
+                            dict(SPLIT=kind != 2, N=n, M=m, WS=ws, BT=apply.MIX_BT), num_warps=apply.MIX_WARPS)
+            for c in apply.APPLY_CONFIGS:
+                yield _mhc_spec(apply.mhc_pre_fwd_apply_kernel, "fwd_apply", dt, n, dict(N=n), c)
+            gq_type = "*fp32" if kind == 2 else "*bf16"
+            for c in bwd.TOKEN_CONFIGS:
+                spec = _mhc_spec(bwd.mhc_pre_bwd_token_kernel, "token", dt, n,
+                                 dict(X_KIND=kind, N=n, M=m, MP=mp, BT=bwd.BT_TOKEN), c)
+                spec["signature"]["gq_ptr"] = gq_type
+                yield spec
+            for has_acc in (False, True):
+                for c in grad.grad_configs(kind, n):
+                    spec = _mhc_spec(grad.mhc_pre_bwd_grad_kernel, "grad-acc" if has_acc else "grad", dt, n,
+                                     dict(X_KIND=kind, HAS_ACC=has_acc, N=n, M=m, MP=mp), c)
+                    spec["signature"].update(gq_ptr=gq_type, acc_ptr=spec["signature"]["x_ptr"])
+                    yield spec
+            yield _mhc_spec(bwd.mhc_pre_bwd_param_kernel, "param", dt, n,
+                            dict(HAS_GAMMA=True, M=m, MP=mp, BC=bwd.PARAM_BC), num_warps=bwd.PARAM_WARPS)
+
+
+def mhc_post_specs(dtypes=(torch.bfloat16,), ns=(4,)) -> Iterator[dict]:
+    """Every shipped (kernel, config) of Triton mHC post for x of ``dtypes`` and ``ns`` streams."""
+    from ..backends.triton import mhc_post
+
+    for dt in dtypes:
+        for n in ns:
+            for c in mhc_post.FWD_CONFIGS:
+                yield _mhc_spec(mhc_post.mhc_post_fwd_kernel, "post_fwd", dt, n, dict(N=n, VEC=mhc_post.vec(dt)), c)
+            for c in mhc_post.BWD_CONFIGS:
+                yield _mhc_spec(mhc_post.mhc_post_bwd_kernel, "post_bwd", dt, n, dict(N=n, VEC=mhc_post.vec(dt)), c)
