@@ -14,7 +14,7 @@ DIFFERENTIABLE = [op for op in declaration.operators() if declaration.operator(o
 
 
 def _small_cases(op):
-    return [c for c in declaration.operator(op).cases if not c.big]
+    return [c for c in declaration.operator(op).cases if not c.gpu_only]
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ from ..ops.mhc_pre import MHCCaps
 
 CAPABILITIES = {
     "lazy_attention": LazyAttentionCaps(double_backward=True, notes="dense O(L^2) memory; the reference"),
-    "lazy_attention_varlen": VarlenCaps(notes="each document dense O(L_d^2), documents of one length batched; "
+    "lazy_attention_varlen": VarlenCaps(double_backward=True, notes="each document dense O(L_d^2), documents of one length batched; "
                                               "the reference"),
     "lazy_attention_with_kvcache": KVCacheCaps(notes="forward only; each row dense over its keys; the reference"),
     "mhc_pre": MHCCaps(double_backward=True, notes="the reference"),

@@ -72,32 +72,32 @@ def call_backward(op: str, backend: str, custom: Callable, impl: Callable, *args
     return call_op(custom, impl, *args)
 
 
-def _plain_eager(t: torch.Tensor) -> bool:
-    """Real values a host read may see: not tracing, no dispatch mode, not capturing a CUDA graph."""
+def _host_read(t: torch.Tensor) -> bool:
+    """Whether a check may read ``t`` on the host: a plain CPU tensor of a plain eager call (nothing to wait for)."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
-    if type(t) not in _PLAIN or t.device.type == "meta":
-        return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    return type(t) in _PLAIN and t.device.type == "cpu"
 
 
 _READ_WHOLE = 4096  # value tensors up to this many elements are copied whole to the host, larger ones reduced first
 
 
 def check_values(checks: Sequence[RangeCheck]) -> None:
-    """Evaluate data-dependent checks (see :class:`~kernel_dispatch.declaration.RangeCheck`).
+    """Evaluate data-dependent checks (see :class:`~kernel_dispatch.declaration.RangeCheck`) on every call.
 
-    Plain eager mode: each check's (min, max) is read on the host, every call (one device-to-host copy: on
-    CUDA the call waits for the work queued before it), and a violation is a ValueError naming the argument
-    and the values found. While torch.compile traces, a CUDA graph captures or the tensors are fake: the same
-    condition goes into the graph as ``torch._assert_async``, checked whenever the graph runs without a host
-    read (a RuntimeError with the same message on CPU; a device-side assert on CUDA).
+    CPU tensors in plain eager mode: the values are read on the host and a violation is a ValueError naming the
+    argument and the values found. Anywhere else (CUDA tensors, torch.compile, CUDA-graph capture, fake tensors)
+    nothing is read: the condition runs on the device as ``torch._assert_async``, inside the traced graph or the
+    captured one, so it also holds for values written after tracing or capture, through ``.data`` included. A
+    violation there is a RuntimeError with the same message on CPU, and on CUDA a device-side assert that
+    prints it (the CUDA context is then unusable, as after any device-side assert). Cost on CUDA: a few
+    one-element kernels per check, no synchronisation.
     """
     for c in checks:
         if c.values.numel() == 0:
             continue
-        if _plain_eager(c.values):
-            if c.values.numel() <= _READ_WHOLE:  # one copy, no reduction kernel
+        if _host_read(c.values):
+            if c.values.numel() <= _READ_WHOLE:
                 values = c.values.flatten().tolist()
                 lo, hi = min(values), max(values)
             else:

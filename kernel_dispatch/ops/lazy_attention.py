@@ -152,8 +152,8 @@ def validate(q, k, v, bias, tau, scale, lengths, causal) -> None:
 
 
 def value_checks(q: Tensor, lengths: Optional[Tensor]) -> tuple[RangeCheck, ...]:
-    """lengths [B] in [1, L]: read on every eager call (no cache: an in-place write, ``.data`` included, is always
-    seen), asserted inside the graph under torch.compile and CUDA-graph capture (see ``_frontend.check_values``)."""
+    """lengths [B] in [1, L], checked on every call (no cache: an in-place write, ``.data`` included, is always
+    seen): read on the host for CPU tensors, asserted on the device otherwise (see ``_frontend.check_values``)."""
     if lengths is None:
         return ()
     L = q.shape[2]
@@ -172,9 +172,9 @@ def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *
         tau: [H] fp32, the Elastic-Softmax offset (usually initialised to -1).
         scale: score scale, default 1 / sqrt(D).
         lengths: optional [B] int32/int64 in [1, L]; keys and output rows past lengths[b] are
-            masked and zero. Checked on every call: eagerly by one device-to-host read (on CUDA the call
-            waits for the work queued before it), under torch.compile and CUDA-graph capture inside the
-            graph without a read (torch._assert_async: a device-side assert on CUDA).
+            masked and zero. Checked on every call without a device-to-host read: on CUDA, and under
+            torch.compile or CUDA-graph capture, by torch._assert_async (a device-side assert that prints
+            the message); eager CPU tensors are read (a ValueError naming lengths).
         causal: True for causal attention (i = m + 1), False for full (i = valid key count).
         backend: a backend name or (forward, backward) pair; overrides every other choice.
 

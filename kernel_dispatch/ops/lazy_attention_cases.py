@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..declaration import BadValues
-from ..testing.matrix import Inputs
+from ..testing.matrix import Inputs, replacing
 
 
 @dataclass(frozen=True)
@@ -63,18 +63,11 @@ CASES = _SMALL + tuple(
 )
 
 
-def _with_lengths(values):
-    def alter(inp: Inputs) -> Inputs:
-        lengths = torch.tensor(values, dtype=inp.kwargs["lengths"].dtype, device=inp.kwargs["lengths"].device)
-        return Inputs(inp.tensors, {**inp.kwargs, "lengths": lengths}, inp.grads)
-    return alter
-
-
 # Values the lengths check refuses, from the "lengths" case (B = 3, L = 40).
 BAD_VALUES = (
-    BadValues("lengths_above_L", "lengths", _with_lengths((41, 17, 1)), ("lengths", "[1, L] = [1, 40]", "max 41")),
-    BadValues("lengths_zero", "lengths", _with_lengths((40, 0, 1)), ("lengths", "[1, L] = [1, 40]", "min 0")),
-    BadValues("lengths_negative", "lengths", _with_lengths((40, 17, -3)), ("lengths", "min -3")),
+    BadValues("above_L", "lengths", replacing("lengths", (41, 17, 1)), ("lengths", "[1, L] = [1, 40]", "max 41")),
+    BadValues("zero", "lengths", replacing("lengths", (40, 0, 1)), ("lengths", "[1, L] = [1, 40]", "min 0")),
+    BadValues("negative", "lengths", replacing("lengths", (40, 17, -3)), ("lengths", "min -3")),
 )
 
 

@@ -176,7 +176,7 @@ def _declaration() -> Operator:
         env_var="LAZYATTN_BACKEND", group="lazy_attention",
         info_facts=facts + (Fact("q_len", "--q-len", 1, "lazy attention with a KV cache: new queries Lq"),),
         per_head={"o": 1}, tolerances={"o": TOLERANCES["o"]},
-        cases=cases.CASES, make_inputs=cases.make_inputs)
+        cases=cases.CASES, make_inputs=cases.make_inputs, bad_values=cases.BAD_VALUES)
 
 
 DECLARATION = declare(_declaration())
