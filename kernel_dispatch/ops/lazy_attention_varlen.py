@@ -176,6 +176,9 @@ def lazy_attention_varlen(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Te
 
     Returns:
         O [T, H, D] in q's dtype, contiguous. Positions, i and distances count from each document's start.
+
+    Non-finite tensor values propagate as in :func:`kernel_dispatch.lazy_attention`, within each document: a NaN or
+    +inf visible score poisons its row, NaN or +inf tau[h] head h; nothing crosses a document boundary.
     """
     validate(q, k, v, bias, tau, cu_seqlens, max_seqlen, scale, causal)
     max_seqlen = check_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
