@@ -12,13 +12,13 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from kernel_dispatch import registry  # noqa: E402
+from kernel_dispatch import declaration, registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _clean_backend_state(monkeypatch):
     """Each test starts with no backend environment variables and no YAML choice."""
-    for var in ("LAZYATTN_BACKEND", "MHC_BACKEND", "KERNEL_BACKEND"):
+    for var, _ in declaration.env_vars():
         monkeypatch.delenv(var, raising=False)
     registry.set_yaml_backend(None)
     yield
