@@ -25,6 +25,15 @@ def _clean_backend_state(monkeypatch):
     registry.set_yaml_backend(None)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for small ops: 2 threads per xdist worker on 2 cores spin-wait badly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     """Under pytest-xdist each worker gets one intra-op thread: 2 workers x 2 threads on 2 cores spin-wait."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
