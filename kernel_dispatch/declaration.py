@@ -141,6 +141,11 @@ class Operator:
         :mod:`kernel_dispatch.benchmarks.common`; operators benchmarked as one block share one), or None.
     value_checks: (bound arguments) -> the call's :class:`RangeCheck` s (checks of tensor values), or None.
     bad_values: :class:`BadValues` examples, one per way a value check can fail.
+    layouts: name -> a function of test :class:`~kernel_dispatch.testing.matrix.Inputs` returning them in a layout
+        the operator meets in practice (fused projections); every operator is also tested in
+        :func:`kernel_dispatch.testing.layouts.relaid`'s.
+    layout_case: the declared case those layout tests run (one that reaches every kernel path), or None for the
+        smallest CPU case without a dimension of size 1.
     """
 
     name: str
@@ -161,6 +166,8 @@ class Operator:
     bench: Any = None
     value_checks: Callable[..., Sequence[RangeCheck]] | None = None
     bad_values: tuple[BadValues, ...] = ()
+    layouts: Mapping[str, Callable] = field(default_factory=dict)
+    layout_case: str | None = None
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The arguments of a call of ``function`` by parameter name, defaults applied."""

@@ -7,6 +7,8 @@ for float64 x).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._common import compute_dtype
@@ -56,12 +58,27 @@ def _mixings(z, alpha, bias, n, post_mult, pre_eps):
     return s_pre, s_pre + pre_eps, s_post, post_mult * s_post, logits
 
 
+def inverse_rms(xf: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(xf^2, -1) + norm_eps) for xf [T, K], without overflow wherever the result is representable.
+
+    Each row is scaled by 2^-e, 2^e the smallest power of two above its largest |value| (e >= 0, so rows within
+    [-1, 1] are not scaled, and at most 2^(maxexp - 2) so that 2^-e stays a normal number): the scaling is exact,
+    the squares of the scaled row cannot overflow, and 1 / sqrt(mean((xf 2^-e)^2) + eps 4^-e) * 2^-e is the same
+    value. The scale is a constant to autograd (the function is the same on both sides of a power of two).
+    """
+    amax = xf.detach().abs().amax(-1)
+    e = torch.frexp(amax).exponent.clamp(0, math.frexp(torch.finfo(xf.dtype).max)[1] - 2)
+    inv_scale = torch.ldexp(torch.ones_like(amax), -e)
+    xs = xf * inv_scale[:, None]
+    return inv_scale * torch.rsqrt(xs.square().mean(-1) + norm_eps * inv_scale * inv_scale)
+
+
 def _normalized_mix(x, phi, gamma, norm_eps: float, ct):
     """(xf [T, n*D], pg = phi * gamma [M, n*D], z [T, M], inv_rms [T]) in the compute dtype ``ct``."""
     T, n, D = x.shape
     xf = x.to(ct).reshape(T, n * D)
     pg = phi.to(ct) if gamma is None else phi.to(ct) * gamma.to(ct)
-    inv_rms = torch.rsqrt(xf.square().mean(-1) + norm_eps)
+    inv_rms = inverse_rms(xf, norm_eps)
     z = (xf @ pg.t()) * inv_rms[:, None]
     return xf, pg, z, inv_rms
 
@@ -120,8 +137,10 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     a = alpha.to(ct)
     dz = torch.cat([d_pre * a[0], d_post * a[1], d_res * a[2]], dim=-1)
     dh_mix = dz * inv_rms[:, None]
-    d_inv = (dz * z).sum(-1) / inv_rms
-    dxf = dh_mix @ pg - (d_inv * inv_rms.pow(3) / (n * D))[:, None] * xf
+    # the RMS term -(dz . z) inv_rms^2 / (n*D) * xf, as (dz . z) inv_rms / (n*D) times xf inv_rms (|xf inv_rms| <=
+    # sqrt(n*D)): inv_rms^2 alone underflows once the RMS passes 2^63, and xf inv_rms^3 at smaller ones
+    coef = (dz * z).sum(-1) * inv_rms / (n * D)
+    dxf = dh_mix @ pg - coef[:, None] * (xf * inv_rms[:, None])
     dx = dxf.view(T, n, D) + h_pre[:, :, None] * g_in[:, None, :]
     if dx_acc is not None:
         dx = dx + dx_acc.to(ct)

@@ -71,6 +71,22 @@ BAD_VALUES = (
 )
 
 
+def fused_qkv(inp: Inputs) -> Inputs:
+    """q, k, v as the head slices of one [B, L, H + 2 Hkv, D] projection (a fused QKV layer: the three share their
+    strides), everything else (dO) in the distinct layouts of :func:`kernel_dispatch.testing.layouts.relaid`."""
+    from ..testing.layouts import relaid
+
+    out = relaid(inp)
+    q, k, v = (inp.tensors[n] for n in ("q", "k", "v"))
+    H, Hkv = q.shape[1], k.shape[1]
+    proj = torch.cat([t.transpose(1, 2) for t in (q, k, v)], dim=2)  # [B, L, H + 2 Hkv, D]
+    fused = {"q": proj[:, :, :H], "k": proj[:, :, H:H + Hkv], "v": proj[:, :, H + Hkv:]}
+    return Inputs({**out.tensors, **{n: t.transpose(1, 2) for n, t in fused.items()}}, out.kwargs, out.grads)
+
+
+LAYOUTS = {"fused_qkv": fused_qkv}
+
+
 def noncontig(t: torch.Tensor) -> torch.Tensor:
     """The same values in a non-contiguous layout (last two dims stored transposed)."""
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)

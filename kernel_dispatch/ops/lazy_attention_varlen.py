@@ -199,7 +199,7 @@ def _declaration() -> Operator:
         env_var="LAZYATTN_BACKEND", group="lazy_attention",
         info_facts=tuple(f for f in INFO_FACTS if f.key != "lengths"),
         per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
-        cases=cases.CASES, make_inputs=cases.make_inputs, bad_values=cases.BAD_VALUES,
+        cases=cases.CASES, make_inputs=cases.make_inputs, bad_values=cases.BAD_VALUES, layouts=cases.LAYOUTS,
         bench="kernel_dispatch.ops.lazy_attention_varlen_bench")
 
 

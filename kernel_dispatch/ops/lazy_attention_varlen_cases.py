@@ -69,6 +69,22 @@ BAD_VALUES = (
 )
 
 
+def fused_qkv(inp: Inputs) -> Inputs:
+    """q, k, v as the head slices of one [T, H + 2 Hkv, D] projection (a fused QKV layer), dO in the distinct
+    layout of :func:`kernel_dispatch.testing.layouts.relaid`."""
+    from ..testing.layouts import relaid
+
+    out = relaid(inp)
+    q, k, v = (inp.tensors[n] for n in ("q", "k", "v"))
+    H, Hkv = q.shape[1], k.shape[1]
+    proj = torch.cat([q, k, v], dim=1)
+    fused = {"q": proj[:, :H], "k": proj[:, H:H + Hkv], "v": proj[:, H + Hkv:]}
+    return Inputs({**out.tensors, **fused}, out.kwargs, out.grads)
+
+
+LAYOUTS = {"fused_qkv": fused_qkv}
+
+
 def cu_seqlens_of(docs, device="cpu") -> torch.Tensor:
     """[N + 1] int32 boundaries of documents of the given lengths."""
     out = [0]

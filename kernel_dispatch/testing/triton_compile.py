@@ -149,6 +149,8 @@ def _mhc_spec(kernel, name: str, x_dtype: torch.dtype, n: int, constexprs: dict,
             sig[a] = "*" + _TL_DTYPE[x_dtype]
         elif a in ("w_ptr", "wlo_ptr"):
             sig[a] = "*fp32" if x_dtype == torch.float32 else "*bf16"
+        elif a == "sq_ptr":  # the forward's per-split sums of squares
+            sig[a] = "*fp64"
         elif a.endswith("_ptr"):
             sig[a] = "*fp32"
         elif a in _FLOATS:

@@ -1,6 +1,6 @@
 """TileLang kernel factory: the mHC pre backward GEMMs, dx and the dphi partials.
 
-dx[t, i, d] = (G @ pg)[t, i*D + d] - coef[t] x[t, i, d] + h_pre[t, i] dh_in[t, d] (+ DXA[t, i, d])
+dx[t, i, d] = (G @ pg)[t, i*D + d] - coef[t] (inv_rms[t] x[t, i, d]) + h_pre[t, i] dh_in[t, d] (+ DXA[t, i, d])
 grad_pg partial: sum over a split's tokens of G[t, m] x[t, i, d]
 
 CTA (feature chunk of DC = tiles.chunk, token split s) handles the n streams of its chunk as one tile of
@@ -16,7 +16,7 @@ x may come in P bf16 pieces (P = 2 for fp16 x, x = hi + lo exactly): XP [T, P, n
 kernel adds DXA [T, n, D] (``dtype``: the residual path's gradient of x) to dx before rounding once;
 without it DXA is never read (any [1, n, D] tensor will do).
 Layout: XP [T, P, n, D] bf16; GIn [T, D] and DX [T, n, D] in ``dtype``; Gp [T, GP_COLS] bf16;
-Aux [T, AUX_COLS] fp32 (coef, h_pre[0..n-1]); W [W_ROWS, n, D] bf16; Part [S, GP_COLS, NCH, n*DC] fp32 with
+Aux [T, AUX_COLS] fp32 (coef, h_pre[0..n-1], inv_rms); W [W_ROWS, n, D] bf16; Part [S, GP_COLS, NCH, n*DC] fp32 with
 NCH = ceil(D / DC) (column i*DC + d of chunk c is feature c*DC + d of stream i). T symbolic, D
 static (the last chunk is masked when DC does not divide D).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ._build import import_tilelang
 from ._mhc_common import N_STREAMS, SMEM_LIMIT
-from ._mhc_pre_bwd_mix_kernel import AUX_COLS, G_BLOCK, GP_COLS
+from ._mhc_pre_bwd_mix_kernel import AUX_COEF, AUX_COLS, AUX_INV, G_BLOCK, GP_COLS
 from ._mhc_pre_weights_kernel import ROWS
 
 W_ROWS = ROWS["bwd"]
@@ -124,7 +124,8 @@ def build(D: int, dtype: str, S: int, P: int, tiles: DxTiles, acc: bool = False)
                         xv = T.cast(xs[0][t, i * DC + j], f32)
                         if P == 2:
                             xv = xv + T.cast(xs[1][t, i * DC + j], f32)
-                        r = acc_dx[t, i * DC + j] - aux[t, 0] * xv + aux[t, 1 + i] * g_sh[t, j]
+                        rms_term = aux[t, AUX_COEF] * (aux[t, AUX_INV] * xv)
+                        r = acc_dx[t, i * DC + j] - rms_term + aux[t, 1 + i] * g_sh[t, j]
                         if acc:
                             r = r + T.cast(xa[t, i * DC + j], f32)
                         out[i][t, j] = r

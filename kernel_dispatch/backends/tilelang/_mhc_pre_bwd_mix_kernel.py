@@ -4,7 +4,7 @@ Per token, from the saved z and inv_rms and the upstream gradients: the Sinkhorn
 recomputed (their inputs and sums kept in shared memory) and the exact gradient of the truncated
 iteration runs back through every normalisation and the softmax; the sigmoids give d_pre and
 d_post. Then dz = [a0 d_pre, a1 d_post, a2 d_res], G = dh_mix = dz * inv_rms and
-coef = sum(dz * z) * inv_rms^2 / (n*D) (so that dx = G @ pg - coef * x + h_pre * dh_in).
+coef = sum(dz * z) * inv_rms / (n*D) (so that dx = G @ pg - coef * (inv_rms * x) + h_pre * dh_in).
 
 G leaves in bf16 pieces for the dx / dphi GEMMs: Gp [T, GP_COLS] = [G_hi, 0, G_lo, 0] in column
 blocks of G_BLOCK (M = 24 values, then zeros), G = G_hi + G_lo up to 2^-17. Parameter-gradient
@@ -13,7 +13,7 @@ PG[PG_DALPHA + g, b] = sum over the tokens and the rows of group g (pre, post, r
 
 Layout: Z [T, M], InvRms [T], DHPre [T, n], DHPost [T, n], DHRes [T, n, n], Alpha [3], Bias [M]
 fp32 in; Gp [T, GP_COLS] bf16, Aux [T, AUX_COLS] fp32 (column AUX_COEF: coef, AUX_H_PRE + i: h_pre[i],
-the rest 0), PG [PG_ROWS, ceil(T/TOKENS)] fp32 out. T symbolic.
+AUX_INV: inv_rms, the rest 0), PG [PG_ROWS, ceil(T/TOKENS)] fp32 out. T symbolic.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from ._mhc_common import N_STREAMS
 
 G_BLOCK = 32                # columns of one bf16 piece of G in Gp (M <= G_BLOCK)
 GP_COLS = 2 * G_BLOCK       # Gp: [G_hi, 0, G_lo, 0]
-AUX_COLS = 8                # Aux: coef, h_pre[0..n-1], 3 zeros
-AUX_COEF, AUX_H_PRE = 0, 1  # Aux columns of coef and of h_pre[0]
+AUX_COLS = 8                # Aux: coef, h_pre[0..n-1], inv_rms, 2 zeros
+AUX_COEF, AUX_H_PRE, AUX_INV = 0, 1, 1 + N_STREAMS  # Aux columns of coef, of h_pre[0] and of inv_rms
 PG_ROWS = 64                # PG: rows m < M the dbias sums, PG_DALPHA + g the dalpha sums of group g
 PG_DALPHA = 32
 TOKENS = 16                 # tokens per CTA
@@ -145,8 +145,9 @@ def build(D: int, sinkhorn_iters: int, post_mult: float, pre_eps: float, sinkhor
                 g_sh[i, m] = g_sh[i, m] * T.if_then_else(m < n, Alpha[0], T.if_then_else(m < 2 * n, Alpha[1], Alpha[2]))
             for i in T.Parallel(TB):
                 if t0 + i < nt:
-                    Aux[t0 + i, AUX_COEF] = coef[i] * inv_sh[i] * inv_sh[i] / (n * D)
-                    Aux[t0 + i, AUX_H_PRE + n] = 0.0  # the zero columns past h_pre
+                    # the RMS term's factors apart: inv_rms^2 alone underflows once the RMS passes 2^63
+                    Aux[t0 + i, AUX_COEF] = coef[i] * inv_sh[i] / (n * D)
+                    Aux[t0 + i, AUX_INV] = inv_sh[i]
                     Aux[t0 + i, AUX_H_PRE + n + 1] = 0.0
                     Aux[t0 + i, AUX_H_PRE + n + 2] = 0.0
             for i, c in T.Parallel(TB, GP_COLS):

@@ -10,7 +10,8 @@ x may come in P bf16 pieces (P = 1 for bf16 x; P = 2 for fp16 x, split exactly a
 x = hi + lo by the launcher), laid side by side: X [T, P*K], piece p in columns p*K .. p*K+K-1.
 
 Layout: X [T, P*K] bf16, W [2M, K] bf16; Part [S, T, 2M] fp32 (columns m and M+m are the hi and
-lo products of row m); Sq [S, T] fp32. T symbolic; K = n*D static, a multiple of S*BK.
+lo products of row m); Sq [S, T] fp64 (squares of bf16 x beyond 1.8e19 do not fit fp32). T symbolic; K = n*D
+static, a multiple of S*BK.
 """
 from __future__ import annotations
 
@@ -38,16 +39,16 @@ def build(K: int, M: int = 24, P: int = 1, BT: int = 128, stages: int = 4, threa
     import tilelang.language as T
 
     S, BK = splits_and_block(K)
-    KS, N, f32, bf = K // S, 2 * M, "float32", "bfloat16"
+    KS, N, f32, f64, bf = K // S, 2 * M, "float32", "float64", "bfloat16"
     nt = T.dynamic("num_tokens")
 
     @T.prim_func
     def mhc_pre_gemm(X: T.Tensor((nt, P * K), bf), W: T.Tensor((N, K), bf), Part: T.Tensor((S, nt, N), f32),
-                     Sq: T.Tensor((S, nt), f32)):
+                     Sq: T.Tensor((S, nt), f64)):
         with T.Kernel(T.ceildiv(nt, BT), S, threads=threads) as (bt, s):
             acc = T.alloc_fragment((BT, N), f32)
-            sq_acc = T.alloc_fragment((BT, BK), f32)
-            sq_row = T.alloc_fragment((BT,), f32)
+            sq_acc = T.alloc_fragment((BT, BK), f64)
+            sq_row = T.alloc_fragment((BT,), f64)
             xs0 = T.alloc_shared((BT, BK), bf)
             xs1 = T.alloc_shared((BT, BK), bf)
             ws = T.alloc_shared((N, BK), bf)
@@ -68,7 +69,7 @@ def build(K: int, M: int = 24, P: int = 1, BT: int = 128, stages: int = 4, threa
                 else:
                     T.copy(xs0, xf)
                 for i, j in T.Parallel(BT, BK):
-                    sq_acc[i, j] += xf[i, j] * xf[i, j]
+                    sq_acc[i, j] += T.cast(xf[i, j], f64) * T.cast(xf[i, j], f64)
             T.reduce_sum(sq_acc, sq_row, dim=1)
             T.copy(acc, Part[s, bt * BT:(bt + 1) * BT, :])
             T.copy(sq_row, Sq[s, bt * BT:(bt + 1) * BT])

@@ -6,7 +6,7 @@ pre_eps, h_post = post_mult * sigmoid(a1 z_post + b_post) and h_res = sinkhorn(a
 (softmax over the last dim + eps, a column normalisation, then ``iters - 1`` row/column pairs).
 One CTA holds TB tokens; each token's n x n matrix is a slice of a [TB, n, n] fragment.
 
-Layout: Part [S, T, 2M] (hi products, then lo products) and Sq [S, T] fp32 (from the GEMM kernel);
+Layout: Part [S, T, 2M] (hi products, then lo products) fp32 and Sq [S, T] fp64 (from the GEMM kernel);
 Alpha [3], Bias [M] fp32.
 Outputs, fp32: Z [T, M], InvRms [T], HPre [T, n] (for the apply kernel), HPost [T, n],
 HRes [T, n, n] ([in, out]). T symbolic.
@@ -29,21 +29,21 @@ def build(D: int, S: int, sinkhorn_iters: int, post_mult: float, norm_eps: float
     import_tilelang()
     import tilelang.language as T
 
-    n, f32 = N_STREAMS, "float32"
+    n, f32, f64 = N_STREAMS, "float32", "float64"
     M = n * n + 2 * n
     eps = sinkhorn_eps
     nt = T.dynamic("num_tokens")
 
     @T.prim_func
-    def mhc_pre_mix(Part: T.Tensor((S, nt, 2 * M), f32), Sq: T.Tensor((S, nt), f32), Alpha: T.Tensor((3,), f32),
+    def mhc_pre_mix(Part: T.Tensor((S, nt, 2 * M), f32), Sq: T.Tensor((S, nt), f64), Alpha: T.Tensor((3,), f32),
                     Bias: T.Tensor((M,), f32), Z: T.Tensor((nt, M), f32), InvRms: T.Tensor((nt,), f32),
                     HPre: T.Tensor((nt, n), f32), HPost: T.Tensor((nt, n), f32), HRes: T.Tensor((nt, n, n), f32)):
         with T.Kernel(T.ceildiv(nt, TB), threads=threads) as b:
             t0 = b * TB
             pp = T.alloc_shared((TB, 2 * M), f32)
             hm = T.alloc_fragment((TB, M), f32)
-            sq_s = T.alloc_fragment((TB,), f32)
-            sq = T.alloc_fragment((TB,), f32)
+            sq_s = T.alloc_fragment((TB,), f64)
+            sq = T.alloc_fragment((TB,), f64)
             inv = T.alloc_fragment((TB,), f32)
             z_sh = T.alloc_shared((TB, M), f32)
             T.clear(hm)
@@ -56,7 +56,7 @@ def build(D: int, S: int, sinkhorn_iters: int, post_mult: float, norm_eps: float
                 for i in T.Parallel(TB):
                     sq[i] += sq_s[i]
             for i in T.Parallel(TB):
-                inv[i] = T.rsqrt(sq[i] / (n * D) + norm_eps)
+                inv[i] = T.cast(T.rsqrt(sq[i] / (n * D) + norm_eps), f32)  # fp64: no overflow where inv fits fp32
             for i, m in T.Parallel(TB, M):
                 z_sh[i, m] = hm[i, m] * inv[i]
             T.copy(inv, InvRms[t0:t0 + TB])

@@ -139,7 +139,7 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
     xp = bf16_pieces(xc)
     P = xp.shape[1]
     part = torch.empty((sp.gemm, T, 2 * M), dtype=F32, device=dev)
-    sq = torch.empty((sp.gemm, T), dtype=F32, device=dev)
+    sq = torch.empty((sp.gemm, T), dtype=torch.float64, device=dev)
     ks["gemm"](xp.reshape(T, P * K), w, part, sq)
 
     z = torch.empty((T, M), dtype=F32, device=dev)

@@ -6,7 +6,7 @@ kernel and one torch.sum (of the per-block dbias/dalpha sums), three launches:
    the loop), then per token: the sigmoid gradients, the Sinkhorn backward through every
    iteration (iterates stored going forward in a per-block fp32 scratch and read back in
    reverse), G = dh_mix [T, M] written as the grad kernel's GEMM operand ``gq`` (bf16 hi | lo
-   pieces for 16-bit x, fp32 for fp32 x, zero padded), the RMS term coef [T], h_pre [T, n], and
+   pieces for 16-bit x, fp32 for fp32 x, zero padded), the RMS term coef [T, 2], h_pre [T, n], and
    this block's partial sums of dbias and dalpha [M + 3].
 2. ``grad`` (_mhc_pre_bwd_grad): dx (plus an optional incoming dx_acc) and the per-split
    partials of G^T @ x [S, M, n*D].
@@ -53,7 +53,7 @@ def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alp
                              BT: tl.constexpr, BK: tl.constexpr, T_CLASS):
     """x [T, N, D], dh_in (g) [T, D] strided; dh_post [T, N], dh_res [T, N, N], z [T, M], inv_rms [T]
     fp32 contiguous. Writes gq (G = dh_mix: [T, 2*MP] bf16 [hi | lo] for 16-bit x, [T, MP] fp32 for
-    fp32 x, zero padded), coef [T], h_pre [T, N], partials [blocks, M + 3] (fp32)."""
+    fp32 x, zero padded), coef [T, 2] (see the grad kernel), h_pre [T, N], partials [blocks, M + 3] (fp32)."""
     BD: tl.constexpr = BK // N
     blk = tl.program_id(0)
     t = blk * BT + tl.arange(0, BT)
@@ -106,8 +106,10 @@ def mhc_pre_bwd_token_kernel(x_ptr, g_ptr, dhp_ptr, dhr_ptr, z_ptr, inv_ptr, alp
     za_pre = tl.sum(d_pre * zpre, 1)
     za_post = tl.sum(d_post * zpost, 1)
     za_res = tl.sum(tl.sum(d_res * zres, 2), 1)
-    coef = (a0 * za_pre + a1 * za_post + a2 * za_res) * inv * inv / (N * D)
-    tl.store(coef_ptr + t64, coef, mask=tmask)
+    # the RMS term (dz . z) inv^2 / (N*D) as two factors: inv^2 alone underflows once the RMS passes 2^63
+    coef = (a0 * za_pre + a1 * za_post + a2 * za_res) * inv / (N * D)
+    tl.store(coef_ptr + 2 * t64, coef, mask=tmask)
+    tl.store(coef_ptr + 2 * t64 + 1, inv, mask=tmask)
     tl.store(hpre_ptr + t64[:, None] * N + j[None, :], s_pre + pre_eps, mask=tmask[:, None])
 
     prow = part_ptr + blk.to(tl.int64) * (M + 3)

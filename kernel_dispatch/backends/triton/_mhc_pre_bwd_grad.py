@@ -1,6 +1,7 @@
 """The mHC pre backward ``grad`` kernel (SPEC section 2): dx, plus the dphi partials per token split.
 
-dx[t, i, d] = (G @ W)[t, i*D + d] - coef[t] x[t, i, d] + h_pre[t, i] dh_in[t, d] (+ dx_acc[t, i, d])
+dx[t, i, d] = (G @ W)[t, i*D + d] - coef[t, 0] (coef[t, 1] x[t, i, d]) + h_pre[t, i] dh_in[t, d] (+ dx_acc[t, i, d])
+(coef[t, 1] = inv_rms; the RMS term's factors are kept apart, their product underflows at large RMS)
 partial[s, m, i*D + d] = sum over split s's tokens t of G[t, m] x[t, i, d]
 
 G = dh_mix [T, M] comes from the token kernel already as the GEMM operand ``gq``: for 16-bit x the
@@ -56,7 +57,7 @@ def mhc_pre_bwd_grad_kernel(x_ptr, g_ptr, w_ptr, wlo_ptr, gq_ptr, coef_ptr, hpre
     """Grid (column chunks of BK // N per stream, token splits of TPS tokens).
 
     x [T, N, D] and dh_in (g) [T, D] strided, x's dtype; W [M, N*D] as bf16 (hi, lo) planes, or fp32
-    (both pointers the same) for fp32 x; gq as in the module docstring; coef [T], h_pre [T, N] fp32;
+    (both pointers the same) for fp32 x; gq as in the module docstring; coef [T, 2], h_pre [T, N] fp32;
     dx_acc (acc) [T, N, D] strided in x's dtype when HAS_ACC. Writes dx [T, N, D] (x's dtype,
     contiguous) and partial G^T @ x [S, M, N*D] fp32.
     """
@@ -92,13 +93,14 @@ def mhc_pre_bwd_grad_kernel(x_ptr, g_ptr, w_ptr, wlo_ptr, gq_ptr, coef_ptr, hpre
         if HAS_ACC:
             da = tl.load(acc_ptr + t64[:, None] * sat + ki.to(tl.int64)[None, :] * sai + d[None, :] * sad, mask=mask,
                          other=0.0)
-        coef = tl.load(coef_ptr + t64, mask=tmask, other=0.0)
+        coef = tl.load(coef_ptr + 2 * t64, mask=tmask, other=0.0)
+        inv = tl.load(coef_ptr + 2 * t64 + 1, mask=tmask, other=0.0)
         hp = tl.zeros([BT, BK], tl.float32)
         for i in tl.static_range(N):
             hp = tl.where(ki[None, :] == i, tl.load(hpre_ptr + t64 * N + i, mask=tmask, other=0.0)[:, None], hp)
         gq = tl.load(gq_ptr + t64[:, None] * GR + r[None, :], mask=tmask[:, None], other=0.0)
         xk = tl.load(x_cols + t64[:, None] * sxt, mask=mask, other=0.0)
-        dx = hp * gk.to(tl.float32) - coef[:, None] * xk.to(tl.float32)
+        dx = hp * gk.to(tl.float32) - (coef[:, None] * xk.to(tl.float32)) * inv[:, None]
         if HAS_ACC:
             dx += da.to(tl.float32)
         if X_KIND == 2:

@@ -9,7 +9,8 @@ columns 0..M-1 hold the bf16 hi piece of W[m, k] and M..2M-1 its bf16 lo piece, 
 core product x @ Wt gives the hi and lo products of every row side by side (the ~17-bit scheme of
 ``_mhc_common`` (X_KIND), with hi and lo in separate fp32 accumulators, summed by the mix kernel;
 fp16 x enters as its two exact bf16 pieces, two products).
-For fp32 x, WS = M, fp32, TF32x3. Part [T, S, WS] and Sq [T, S] fp32 hold the per-split results.
+For fp32 x, WS = M, fp32, TF32x3. Part [T, S, WS] (fp32) and Sq [T, S] (fp64: the squares of x
+beyond 1.8e19 do not fit fp32) hold the per-split results.
 
 ``mhc_pre_weights_kernel`` (W in [M, n*D] as hi/lo planes) serves the backward.
 """
@@ -114,7 +115,7 @@ def _dot_cat(x, w, acc, X_KIND: tl.constexpr):
 def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
                             X_KIND: tl.constexpr, N: tl.constexpr, WS: tl.constexpr, WN: tl.constexpr,
                             BT: tl.constexpr, BK: tl.constexpr, T_CLASS):
-    """x [T, N, D] strided, Wt [N*D, WS] -> Part [T, S, WS] = x @ Wt and Sq [T, S] = sum x^2, fp32.
+    """x [T, N, D] strided, Wt [N*D, WS] -> Part [T, S, WS] = x @ Wt (fp32) and Sq [T, S] = sum x^2 (fp64).
 
     Grid (token blocks, S): split s owns features [s*DS, (s+1)*DS) of every stream, DS a multiple
     of BK; its chunks run feature-major (the N streams of one feature range back to back).
@@ -132,7 +133,7 @@ def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
     cmask = c < WS
 
     acc = tl.zeros([BT, WN], tl.float32)
-    sq = tl.zeros([BT, BK], tl.float32)
+    sq = tl.zeros([BT], tl.float64)  # x^2 of fp32 or bf16 x overflows fp32 from |x| ~ 1.8e19 up
     x_rows = x_ptr + t64[:, None] * sxt
     for j in range(n_chunks):
         i = j % N
@@ -141,8 +142,8 @@ def mhc_pre_fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, sq_ptr, T, D, sxt, sxi, sxd,
         xt = tl.load(x_rows + i * sxi + d[None, :] * sxd, mask=tmask[:, None] & dmask[None, :], other=0.0)
         w = tl.load(w_ptr + (i * D + d)[:, None] * WS + c[None, :], mask=dmask[:, None] & cmask[None, :], other=0.0)
         acc = _dot_cat(xt, w, acc, X_KIND)
-        xf = xt.to(tl.float32)
-        sq += xf * xf
+        xd = xt.to(tl.float64)
+        sq += tl.sum(xd * xd, 1)
     row = t64 * tl.num_programs(1) + s
     tl.store(part_ptr + row[:, None] * WS + c[None, :], acc, mask=tmask[:, None] & cmask[None, :])
-    tl.store(sq_ptr + row, tl.sum(sq, 1), mask=tmask)
+    tl.store(sq_ptr + row, sq, mask=tmask)

@@ -44,7 +44,7 @@ def mhc_pre_fwd_mix_kernel(part_ptr, sq_ptr, alpha_ptr, bias_ptr, z_ptr, inv_ptr
                            T, S, ND, ITERS, post_mult, norm_eps, pre_eps, sk_eps,
                            SPLIT: tl.constexpr, N: tl.constexpr, M: tl.constexpr, WS: tl.constexpr,
                            BT: tl.constexpr):
-    """Part [T, S, WS], Sq [T, S] fp32 -> z [T, M], inv_rms [T], h_pre [T, N], h_post [T, N], h_res [T, N, N] fp32."""
+    """Part [T, S, WS] fp32, Sq [T, S] fp64 -> z [T, M], inv_rms [T], h_pre [T, N], h_post [T, N], h_res [T, N, N] fp32."""
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     tmask = t < T
     t64 = t.to(tl.int64)
@@ -56,7 +56,7 @@ def mhc_pre_fwd_mix_kernel(part_ptr, sq_ptr, alpha_ptr, bias_ptr, z_ptr, inv_ptr
     h_pre = tl.zeros([BT, N], tl.float32)
     h_post = tl.zeros([BT, N], tl.float32)
     h_res = tl.zeros([BT, N, N], tl.float32)
-    sq = tl.zeros([BT], tl.float32)
+    sq = tl.zeros([BT], tl.float64)
     p = part_ptr + t64 * S * WS
     q = sq_ptr + t64 * S
     for _ in range(S):
@@ -66,7 +66,7 @@ def mhc_pre_fwd_mix_kernel(part_ptr, sq_ptr, alpha_ptr, bias_ptr, z_ptr, inv_ptr
         sq += tl.load(q, mask=tmask, other=0.0)
         p += WS
         q += 1
-    inv = 1.0 / tl.sqrt(sq / ND + norm_eps)
+    inv = (1.0 / tl.sqrt(sq / ND + norm_eps)).to(tl.float32)  # in fp64: no overflow wherever inv is an fp32 number
     z_pre = h_pre * inv[:, None]
     z_post = h_post * inv[:, None]
     z_res = h_res * inv[:, None, None]

@@ -92,7 +92,7 @@ def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, n
 
     splits = _fwd_splits(T, D, dev)
     part = _empty(T, splits, ws, dtype=f, device=dev)
-    sq = _empty(T, splits, dtype=f, device=dev)
+    sq = _empty(T, splits, dtype=torch.float64, device=dev)
     launch(mhc_pre_fwd_gemm_kernel, lambda meta: (triton.cdiv(T, meta["BT"]), splits),
            x, wt, part, sq, T, D, *x.stride(), X_KIND=kind, N=n, WS=ws, WN=wn, T_CLASS=size_class(T))
 
@@ -139,7 +139,7 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
 
     blocks = triton.cdiv(T, BT_TOKEN)
     gq = _empty(T, mp, dtype=f, device=dev) if kind == 2 else _empty(T, 2 * mp, dtype=torch.bfloat16, device=dev)
-    coef = _empty(T, dtype=f, device=dev)
+    coef = _empty(T, 2, dtype=f, device=dev)
     h_pre = _empty(T, n, dtype=f, device=dev)
     block_sums = _empty(blocks, M + 3, dtype=f, device=dev)
     scratch = _empty(blocks * (2 * iters - 1) * BT_TOKEN * n * n, dtype=f, device=dev)

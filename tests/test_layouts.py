@@ -1,0 +1,92 @@
+"""Every operator and backend is right when no two tensors it reads share a stride: inputs and upstream gradients in
+:func:`kernel_dispatch.testing.layouts.relaid`'s layouts, and every tensor the backend's forward and backward receive
+(saved residuals included) re-laid again on the way in; plus each operator's declared practical layouts (q, k, v as
+slices of one fused projection). A kernel that reads a tensor with another tensor's strides fails here; the equivalence
+matrix's non-contiguous cases, which transpose every tensor alike, keep such strides equal. Generated from the
+declarations."""
+import functools
+
+import pytest
+import torch
+
+from kernel_dispatch import declaration, registry
+from kernel_dispatch.testing import layouts, matrix
+
+
+@functools.lru_cache(maxsize=None)
+def layout_case(op: str):
+    """The operator's declared layout case, else the smallest CPU-sized declared case whose floating inputs have no
+    dimension of size 1 (a stride of such a dimension is never read, so a layout cannot test it)."""
+    decl = declaration.operator(op)
+    if decl.layout_case is not None:
+        return next(c for c in decl.cases if c.name == decl.layout_case)
+
+    def size(case):
+        inp = matrix.make_inputs(op, case, torch.float32)
+        ts = [t for t in list(inp.tensors.values()) + list(inp.grads) if t.is_floating_point()]
+        return (any(1 in t.shape for t in ts if t.dim() > 1), sum(t.numel() for t in ts))
+
+    return min((c for c in decl.cases if not c.gpu_only), key=size)
+
+
+def dtype_for(caps) -> torch.dtype:
+    return torch.float32 if torch.float32 in caps.dtypes else caps.dtypes[0]
+
+
+def _params():
+    for op in declaration.operators():
+        decl = declaration.operator(op)
+        for name in ("distinct", *decl.layouts):
+            for backend in registry.BACKEND_NAMES:
+                if registry.impl(op, backend) is not None:
+                    yield pytest.param(op, name, backend, id=f"{op}-{name}-{backend}")
+
+
+def run_relaid(op: str, backend: str, inp: matrix.Inputs) -> dict:
+    with layouts.relaid_kernel_calls(op, backend):
+        return matrix.run(op, inp, backend)
+
+
+@pytest.mark.parametrize("op,layout,backend", list(_params()))
+def test_distinct_strides_everywhere(op, layout, backend):
+    decl = declaration.operator(op)
+    dtype = dtype_for(registry.impl(op, backend).caps)
+    case = layout_case(op)
+    plain = matrix.make_inputs(op, case, dtype)
+    reasons = registry.why_not(op, backend, matrix.facts(op, plain))
+    if reasons:
+        pytest.skip(f"{backend}: " + "; ".join(reasons))
+    inp = (layouts.relaid if layout == "distinct" else decl.layouts[layout])(plain)
+    ref = matrix.run(op, matrix.upcast(plain), "golden")
+    got = run_relaid(op, backend, inp)
+    failures = matrix.check(op, got, ref, dtype, list(ref), registry.impl(op, backend).caps.tf32)
+    assert not failures, f"{case.name}: " + "; ".join(failures)
+
+
+def test_relaid_strides_are_all_different():
+    """The layouts themselves: same values; no stride value shared between tensors (or with a contiguous tensor of
+    their shapes) in a dimension of size > 1."""
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(2, 4, 40, 32, generator=g), torch.randn(2, 2, 40, 32, generator=g),
+          torch.randn(2, 2, 40, 32, generator=g), torch.randn(2, 4, 40, 32, generator=g), torch.randn(4, 8),
+          torch.randn(4), torch.tensor([3, 1])]
+    out = layouts.distinct(ts)
+    for a, b in zip(ts, out):
+        assert torch.equal(a, b)
+    assert out[-1] is ts[-1]
+    values = layouts.stride_values(out[:-1])
+    assert len(values) == len(set(values))
+    contiguous = {s for t in ts for s, n in zip(t.contiguous().stride(), t.shape) if n > 1}
+    assert not set(values) & contiguous
+
+
+@pytest.mark.parametrize("op", [op for op in declaration.operators() if declaration.operator(op).layouts])
+def test_declared_layouts_keep_the_values(op):
+    decl = declaration.operator(op)
+    plain = matrix.make_inputs(op, layout_case(op), torch.float32)
+    for name, fn in decl.layouts.items():
+        inp = fn(plain)
+        for k, t in plain.tensors.items():
+            assert torch.equal(inp.tensors[k], t), (name, k)
+        for a, b in zip(inp.grads, plain.grads):
+            assert torch.equal(a, b), name
