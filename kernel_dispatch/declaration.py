@@ -33,6 +33,8 @@ class Capabilities:
     devices: device types it runs on; auto_devices: where ``auto`` may pick it (None: ``devices``).
     deterministic: gradients are fixed-order reductions (bitwise reproducible).
     tf32: its fp32 GEMMs round their inputs to TF32 (the tolerance of the matrix then says so).
+    double_backward: its backward's gradients are differentiable (second-order gradients, create_graph=True);
+        where False, create_graph=True through the operator raises :class:`kernel_dispatch.DoubleBackwardError`.
     """
 
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -40,6 +42,7 @@ class Capabilities:
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     deterministic: bool = True
     tf32: bool = False
+    double_backward: bool = False
     notes: str = ""
 
     def why_not(self, meta: Mapping[str, Any]) -> list[str]:
@@ -87,6 +90,35 @@ class Tolerance:
 
 
 @dataclass(frozen=True)
+class RangeCheck:
+    """A check of tensor values: every element of ``values`` lies in [low, high] (None: unbounded).
+
+    argument: the argument an error names; expected: the rule in words (``every value in [1, L] = [1, 6]``);
+    values: a tensor computed from the call's tensors, on their device (building the check reads nothing).
+    :func:`kernel_dispatch.ops._frontend.check_values` evaluates it: on the host in plain eager mode, inside the
+    traced graph under torch.compile and CUDA-graph capture.
+    """
+
+    argument: str
+    values: Any
+    low: Any = None
+    high: Any = None
+    expected: str = ""
+
+
+@dataclass(frozen=True)
+class BadValues:
+    """A test example of values a :class:`RangeCheck` refuses: ``alter(inputs)`` returns the declared ``case``'s
+    inputs (:class:`kernel_dispatch.testing.matrix.Inputs`) with offending values; the eager error is a ValueError
+    whose message contains every string of ``words`` (the argument's name first)."""
+
+    name: str
+    case: str
+    alter: Callable
+    words: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Operator:
     """One operator, declared once.
 
@@ -107,6 +139,8 @@ class Operator:
         :class:`kernel_dispatch.testing.matrix.Inputs`.
     bench: its bench module, as an import path or the module object (the protocol is in
         :mod:`kernel_dispatch.benchmarks.common`; operators benchmarked as one block share one), or None.
+    value_checks: (bound arguments) -> the call's :class:`RangeCheck` s (checks of tensor values), or None.
+    bad_values: :class:`BadValues` examples, one per way a value check can fail.
     """
 
     name: str
@@ -125,6 +159,8 @@ class Operator:
     cases: tuple = ()
     make_inputs: Callable | None = None
     bench: Any = None
+    value_checks: Callable[..., Sequence[RangeCheck]] | None = None
+    bad_values: tuple[BadValues, ...] = ()
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The arguments of a call of ``function`` by parameter name, defaults applied."""
@@ -139,6 +175,10 @@ class Operator:
     def check(self, arguments: Mapping[str, Any]) -> None:
         """Validate a call from its bound arguments."""
         _call_with(self.validate, arguments)
+
+    def range_checks(self, arguments: Mapping[str, Any]) -> Sequence[RangeCheck]:
+        """The value checks of a call, from its bound arguments (none when the operator declares none)."""
+        return () if self.value_checks is None else tuple(_call_with(self.value_checks, arguments))
 
 
 def _call_with(fn: Callable, arguments: Mapping[str, Any]):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -72,6 +73,15 @@ class Sampling:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _autocast(model: LazyLM):
+    """bf16 models run their projections under autocast (as train.py trains them); fp32 ones as they are. No weight
+    cache: a captured decode step must not keep casts made during capture."""
+    device = model.embed.weight.device
+    if model.act_dtype == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
 class DecodeStep:
     """One decode step of every row: tokens [B] -> logits [B, vocab]; the cache gains one token per row.
 
@@ -90,11 +100,13 @@ class DecodeStep:
             self.graph, self.logits = cuda_graphs.capture(self._forward)
 
     def _forward(self) -> torch.Tensor:
-        return self.model(self.tokens, self.cache)[:, -1]
+        with _autocast(self.model):
+            return self.model(self.tokens, self.cache)[:, -1]
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.graph is None:
-            logits = self.model(tokens[:, None], self.cache)[:, -1]
+            with _autocast(self.model):
+                logits = self.model(tokens[:, None], self.cache)[:, -1]
         else:
             self.tokens.copy_(tokens[:, None])
             self.graph.replay()
@@ -121,7 +133,8 @@ def generate(model: LazyLM, prompts: list[bytes], max_new_tokens: int, sampling:
     for b, prompt in enumerate(prompts):
         rows = cache.rows(b, b + 1)
         tokens = torch.tensor(list(prompt), dtype=torch.long, device=device)[None]
-        last.append(model(tokens, rows)[:, -1])
+        with _autocast(model):
+            last.append(model(tokens, rows)[:, -1])
         rows.advance(len(prompt))
     logits = torch.cat(last)
     step = DecodeStep(model, cache, cuda_graph)
@@ -138,7 +151,8 @@ def greedy_without_cache(model: LazyLM, prompt: bytes, max_new_tokens: int) -> l
     tokens = list(prompt)
     device = model.embed.weight.device
     for _ in range(max_new_tokens):
-        logits = model(torch.tensor(tokens, dtype=torch.long, device=device)[None])[0, -1]
+        with _autocast(model):
+            logits = model(torch.tensor(tokens, dtype=torch.long, device=device)[None])[0, -1]
         tokens.append(int(logits.float().argmax()))
     return tokens[len(prompt):]
 

@@ -49,6 +49,11 @@ class BackendUnavailableError(RuntimeError):
     """An explicitly chosen backend cannot run these inputs; the message lists every reason."""
 
 
+class DoubleBackwardError(NotImplementedError):
+    """A second-order gradient (create_graph=True) through an operator whose backward backend does not declare
+    ``double_backward``; the message names the operator, the backend and the backends that do."""
+
+
 @dataclass(frozen=True)
 class Impl:
     """One operator's implementation in one backend.
@@ -344,13 +349,14 @@ def support_table() -> list[dict[str, str]]:
                 "operator": op, "backend": b, "devices": ", ".join(c.devices),
                 "dtypes": ", ".join(dtype_name(d) for d in c.dtypes),
                 "features": c.features(), "deterministic": "yes" if c.deterministic else "no",
+                "double backward": "yes" if c.double_backward else "no",
                 "auto priority": str(entry.priority), "notes": c.notes,
             })
     return rows
 
 
 __all__ = [
-    "BackendUnavailableError", "Capabilities", "Impl", "Resolution", "implementations", "impl", "why_not",
+    "BackendUnavailableError", "DoubleBackwardError", "Capabilities", "Impl", "Resolution", "implementations", "impl", "why_not",
     "resolve", "use_backend", "set_yaml_backend", "load_config", "current_choice", "support_table", "kernels",
     "reset", "backend_unavailable", "register_impl", "unregister_impl", "BACKEND_NAMES",
 ]

@@ -15,7 +15,10 @@ differs or that only one side has, and exits 1 if there are any.
 PTX is normalised before it is written: the ``.loc`` line directives, the ``$L__tmp`` labels that only the
 debug information refers to, and everything from the first ``.file`` directive on (the file paths and the
 DWARF sections) are dropped, so PTX from another checkout or with shifted source lines compares equal;
-instructions, registers, branch labels and shared memory are kept as generated.
+instructions, registers, branch labels and shared memory are kept as generated. TileLang names the shared buffers
+a kernel allocates without a name ``v``, ``v_1``, ... and places them at offsets in an order that changes from
+one process to the next (the mHC dx kernel's per-stream output tiles): CUDA source is normalised by renaming those
+names in order of first use and listing their offsets sorted, so it compares equal up to that placement.
 """
 from __future__ import annotations
 
@@ -41,6 +44,22 @@ def normalise_ptx(ptx: str) -> str:
     if cut:
         ptx = ptx[:cut.start()]
     return "".join(ln for ln in ptx.splitlines(keepends=True) if not (_LOC.match(ln) or _TMP_LABEL.match(ln)))
+
+
+_SHARED_DECL = re.compile(r"^\s*void\* (v(?:_\d+)?) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);\n", re.M)
+
+
+def normalise_cuda(src: str) -> str:
+    """``src`` with TileLang's unnamed shared buffers renamed in order of first use (see the module docstring)."""
+    decls = _SHARED_DECL.findall(src)
+    if not decls:
+        return src
+    first = _SHARED_DECL.search(src).start()
+    body = _SHARED_DECL.sub("", src)
+    order: dict = {}
+    body = re.sub(r"\bv(?:_\d+)?\b", lambda m: order.setdefault(m.group(0), f"v_{len(order) + 1}"), body)
+    offsets = "".join(f"  // shared buffer at {off}\n" for off in sorted(int(o) for _, o in decls))
+    return body[:first] + offsets + body[first:]
 
 
 def _triton_specs() -> dict:
@@ -89,7 +108,7 @@ def _generate(task: tuple[str, str]) -> tuple[str, str, str, float]:
         from kernel_dispatch.testing.tilelang_build import cuda_source
 
         factory, args = spec
-        code = cuda_source(factory(*args))
+        code = normalise_cuda(cuda_source(factory(*args)))
     return backend, key, code, time.time() - t0
 
 
@@ -117,10 +136,10 @@ def generate(out_dir: str, backends: tuple[str, ...], jobs: int, match: str | No
                 manifest[rel] = hashlib.sha256(code.encode()).hexdigest()
                 print(f"[{time.time() - t0:6.0f}s {i}/{len(tasks)}] {rel} ({secs:.1f}s)", flush=True)
     path = os.path.join(out_dir, "manifest.json")
-    if os.path.exists(path):  # keep the entries of an earlier run that this one did not regenerate
-        kept = {k: v for k, v in _load_manifest(path).items()
-                if k not in manifest and (match or k.split("/")[0] not in backends)}
-        manifest.update(kept)
+    earlier = _load_manifest(out_dir) if os.path.isdir(out_dir) else {}
+    # keep the entries of an earlier run that this one did not regenerate
+    manifest.update({k: v for k, v in earlier.items()
+                     if k not in manifest and (match or k.split("/")[0] not in backends)})
     manifest = dict(sorted(manifest.items()))
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -128,6 +147,16 @@ def generate(out_dir: str, backends: tuple[str, ...], jobs: int, match: str | No
 
 
 def _load_manifest(path: str) -> dict:
+    """The manifest of an output directory (or a manifest file); a directory without one (an interrupted run) is
+    hashed file by file."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "manifest.json")):
+        out = {}
+        for backend in ("tilelang", "triton"):
+            folder = os.path.join(path, backend)
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+                with open(os.path.join(folder, name), "rb") as f:
+                    out[f"{backend}/{name}"] = hashlib.sha256(f.read()).hexdigest()
+        return out
     if os.path.isdir(path):
         path = os.path.join(path, "manifest.json")
     with open(path) as f:

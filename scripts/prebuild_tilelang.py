@@ -55,9 +55,8 @@ def attention_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
                  (D, dt, causal, lazy_attention.CONFIGS[D][name])) for name in lazy_attention.FACTORIES]
 
 
-def varlen_attention_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
-    """The kernels of one TileLang lazy_attention_varlen call (forward and backward) at head dim D: the lazy
-    attention kernels with their packed-document switch on."""
+def varlen_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
+    """The same kernels with their varlen switch on (lazy_attention_varlen)."""
     dt = lazy_attention.DTYPES[dtype]
     return [_job(f"lazy_attention_varlen {name} d{D} {dt} {'causal' if causal else 'full'}",
                  lazy_attention.FACTORIES[name], (D, dt, causal, lazy_attention.CONFIGS[D][name], True))
@@ -93,15 +92,14 @@ def kvcache_jobs(D: int, dtype: torch.dtype) -> list[KernelJob]:
 
 
 def shape_classes() -> dict[str, list[tuple]]:
-    """{operator: [shape class]}: (head_dim, dtype, causal) for lazy_attention and lazy_attention_varlen, (D, dtype)
-    for mHC and the KV cache."""
+    """{operator: [shape class]}: (head_dim, dtype, causal) for lazy_attention, (D, dtype) for mHC."""
     mhc_d = sorted(set(MHC_TEST_D) | set(mhc_bench.DEFAULT["D"]))
     return {
         "lazy_attention": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in DTYPES for c in (True, False)],
-        "lazy_attention_varlen": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in DTYPES for c in (True, False)],
         "mhc_pre": [(D, dt) for D in mhc_d for dt in DTYPES],
         "mhc_post": [(D, dt) for D in mhc_d for dt in DTYPES],
         "lazy_attention_with_kvcache": [(D, dt) for D in (64, 128) for dt in DTYPES],
+        "lazy_attention_varlen": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in DTYPES for c in (True, False)],
     }
 
 
@@ -117,9 +115,9 @@ def ceiling_jobs() -> list[KernelJob]:
 
 def all_jobs(sms: int = SMS, ceiling: bool = False, ops: tuple[str, ...] | None = None) -> list[KernelJob]:
     """Every job of ``ops`` (default: all), each kernel once (kernels that do not depend on the dtype are shared)."""
-    makers = {"lazy_attention": attention_jobs, "lazy_attention_varlen": varlen_attention_jobs,
-              "mhc_pre": lambda D, dt: mhc_pre_jobs(D, dt, sms), "mhc_post": mhc_post_jobs,
-              "lazy_attention_with_kvcache": kvcache_jobs}
+    makers = {"lazy_attention": attention_jobs, "mhc_pre": lambda D, dt: mhc_pre_jobs(D, dt, sms),
+              "mhc_post": mhc_post_jobs, "lazy_attention_with_kvcache": kvcache_jobs,
+              "lazy_attention_varlen": varlen_jobs}
     jobs: dict[tuple, KernelJob] = {}
     for op, classes in shape_classes().items():
         if ops is not None and op not in ops:

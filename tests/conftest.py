@@ -12,17 +12,26 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from kernel_dispatch import registry  # noqa: E402
+from kernel_dispatch import declaration, registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _clean_backend_state(monkeypatch):
     """Each test starts with no backend environment variables and no YAML choice."""
-    for var in ("LAZYATTN_BACKEND", "MHC_BACKEND", "KERNEL_BACKEND"):
+    for var, _ in declaration.env_vars():
         monkeypatch.delenv(var, raising=False)
     registry.set_yaml_backend(None)
     yield
     registry.set_yaml_backend(None)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for small ops: 2 threads per xdist worker on 2 cores spin-wait badly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_configure(config):

@@ -22,9 +22,11 @@ def _finite_positive(x) -> bool:
 
 
 def _check_table(stdout: str) -> None:
-    assert "## Lazy attention" in stdout and "## mHC block" in stdout
+    for heading in ("## Lazy attention (", "## mHC block", "## Lazy attention over packed documents",
+                    "## Lazy attention with a KV cache"):
+        assert heading in stdout, heading
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert sum("| golden |" in r for r in rows) == 4  # 2 attention + 2 mHC shapes
+    assert sum("| golden |" in r for r in rows) == 8  # 2 attention + 2 mHC + 2 varlen + 2 KV-cache shapes
     assert any("| tilelang |" in r and "not run:" in r for r in rows)
 
 
@@ -33,21 +35,26 @@ def _check_environment(data: dict) -> None:
         assert key in data["env"], key
     assert data["env"]["device"] == "cpu" and data["quick"] is True and data["complete"] is True
     assert _finite_positive(data["copy_gbps"])
-    assert set(data["conventions"]) >= {"lazy_attention_flops", "mhc_bytes", "mhc_sol", "time"}
+    assert set(data["conventions"]) >= {"lazy_attention_flops", "mhc_bytes", "mhc_sol", "time",
+                                        "lazy_attention_varlen_flops", "kvcache_sol"}
 
 
 def _check_golden(records: list[dict]) -> None:
     golden = [r for r in records if r["backend"] == "golden"]
-    assert {r["op"] for r in golden} == {"lazy_attention", "mhc"}
+    assert {r["op"] for r in golden} == {"lazy_attention", "mhc", "lazy_attention_varlen",
+                                         "lazy_attention_with_kvcache"}
+    rates = {"lazy_attention": ("fwd_tflops", "fwd_bwd_tflops"), "lazy_attention_varlen": ("fwd_tflops",
+             "fwd_bwd_tflops"), "mhc": ("fwd_sol", "fwd_bwd_sol"), "lazy_attention_with_kvcache": ("fwd_sol",)}
     for r in golden:
         assert r["reason"] is None, r
-        for key in ("fwd", "fwd_bwd"):
+        forward_only = r["op"] == "lazy_attention_with_kvcache"
+        assert (r["fwd_bwd"] is None) == forward_only, r
+        for key in ("fwd",) if forward_only else ("fwd", "fwd_bwd"):
             t = r[key]
             assert _finite_positive(t["median_ms"]) and t["reps"] >= 1, t
             assert t["min_ms"] <= t["q1_ms"] <= t["median_ms"] <= t["q3_ms"] <= t["max_ms"], t
-        rate = ("fwd_tflops", "fwd_bwd_tflops") if r["op"] == "lazy_attention" else ("fwd_sol", "fwd_bwd_sol")
-        assert all(_finite_positive(r["metrics"][k]) for k in rate), r["metrics"]
-        for d in ("fwd", "bwd"):  # golden in bf16 against golden float64: bf16 rounding, no more
+        assert all(_finite_positive(r["metrics"][k]) for k in rates[r["op"]]), r["metrics"]
+        for d in ("fwd",) if forward_only else ("fwd", "bwd"):  # golden bf16 vs float64: bf16 rounding, no more
             e = r["check"][d]
             assert 0 < e["rel"] < 2e-2 and math.isfinite(e["max_abs"]), (d, e)
 
@@ -55,7 +62,8 @@ def _check_golden(records: list[dict]) -> None:
 def _check_reasons(records: list[dict]) -> None:
     others = [r for r in records if r["backend"] != "golden"]
     assert {r["backend"] for r in others} == {"tilelang", "sdpa_flash"}
-    assert {r["op"] for r in others if r["backend"] == "sdpa_flash"} == {"lazy_attention"}  # attention-only
+    assert {r["op"] for r in others if r["backend"] == "sdpa_flash"} == {"lazy_attention",
+                                                                          "lazy_attention_with_kvcache"}
     for r in others:
         assert r["reason"] and r["fwd"] is None and r["fwd_bwd"] is None, r
 
@@ -74,7 +82,8 @@ def test_quick_command_line(tmp_path):
     _check_environment(data)
     _check_golden(data["records"])
     _check_reasons(data["records"])
-    for name in ("lazy_attention_time.png", "mhc_sol.png"):
+    for name in ("lazy_attention_time.png", "mhc_sol.png", "lazy_attention_varlen_time.png",
+                 "lazy_attention_with_kvcache_sol.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     preview = (tmp_path / "benchmarks.md").read_text()
     assert "Not a complete GPU run" in preview and "| golden |" in preview
@@ -123,8 +132,12 @@ def test_docs_regenerated_from_a_saved_gpu_json(gpu_like, tmp_path, monkeypatch,
 def test_command_line_parsing():
     assert bench.int_list("1K,2048,32k") == (1024, 2048, 32768)
     assert bench._D(bench.parse_args(["--D", "64,128", "--D", "mhc=1280"]).D) == {
-        "lazy_attention": (64, 128), "mhc": (1280,)}
-    for bad in (["--backends", "nope"], ["--L", "abc"], ["--D", "attn=64"], ["--ops", "mhc_pre"]):
+        "lazy_attention": (64, 128), "mhc": (1280,), "lazy_attention_varlen": (64, 128),
+        "lazy_attention_with_kvcache": (64, 128)}
+    args = bench.parse_args(["--varlen-T", "8K", "--kv-shapes", "1x4K,64x16k", "--T", "4096"])
+    assert (args.varlen_T, args.kv_shapes, args.T) == (8192, ((1, 4096), (64, 16384)), (4096,))
+    for bad in (["--backends", "nope"], ["--L", "abc"], ["--D", "attn=64"], ["--ops", "mhc_pre"],
+                ["--kv-shapes", "4096"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
 
@@ -194,3 +207,14 @@ def test_readme_block_names_missing_markers(tmp_path):
     assert page.read_text() == "# x\n<!-- speed:start -->\nnew\n<!-- speed:end -->\ntail\n"
     with pytest.raises(ValueError, match="support-table:start"):
         _readme.block(page.read_text(), "support-table")
+
+
+def test_varlen_documents_are_seeded_and_fill_T():
+    from kernel_dispatch.ops import lazy_attention_varlen_bench as vb
+
+    lens = vb.document_lengths(16384, 64, 4096, seed=0)
+    assert lens == vb.document_lengths(16384, 64, 4096, seed=0) != vb.document_lengths(16384, 64, 4096, seed=1)
+    assert sum(lens) == 16384 and all(64 <= n <= 4096 for n in lens[:-1]) and 1 <= lens[-1] <= 4096
+    uniform = vb.shapes(bench.parse_args([]), False, None)[1]
+    assert uniform.case == "uniform" and uniform.lengths == (4096,) * 4
+    assert vb.flops(uniform)["fwd"] == 4 * 16 * 128 * 4 * 4096**2 / 2

@@ -19,12 +19,7 @@ from kernel_dispatch.training import loop
 N = 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def _stack(wrappers, D, sinkhorn_iters=20, seed=0):

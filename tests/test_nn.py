@@ -7,13 +7,7 @@ from kernel_dispatch.nn import (MHC, LazyAttention, apply_rotary, collapse_strea
                                 rotary_tables)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: these ops are small, and 2 threads per xdist worker on 2 cores spin-wait badly."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(autouse=True)

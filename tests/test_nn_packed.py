@@ -16,12 +16,7 @@ RTOL, ATOL = 1e-5, 1e-6
 LENGTHS = [3, 0, 1, 6, 0, 4]  # empty documents, a one-token document, W (5) longer than some documents
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(autouse=True)

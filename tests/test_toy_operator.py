@@ -254,7 +254,7 @@ def test_info_lists_it_with_golden_and_the_others_reasons(toy, capsys):
 
 def test_support_table_has_its_row(toy):
     rows = [line for line in info.markdown_support_table().splitlines() if line.startswith(f"| {OP} |")]
-    assert rows == [f"| {OP} | golden | cpu, cuda | float16, bfloat16, float32, float64 | size <= {MAX_SIZE} | yes | 0 "
+    assert rows == [f"| {OP} | golden | cpu, cuda | float16, bfloat16, float32, float64 | size <= {MAX_SIZE} | yes | no | 0 "
                     "| toy: a scaled add |"]
 
 

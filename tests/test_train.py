@@ -44,13 +44,7 @@ GRADIENTS = {"lazy_attention": ("dq", "dk", "dv", "dbias", "dtau"),
 OUTPUTS = {"lazy_attention": ("o",), "mhc_pre": ("h_in", "h_post", "h_res"), "mhc_post": ("out",)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: these ops are small, and 2 threads per xdist worker on 2 cores spin-wait badly."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def small_config(tmp_path, **train) -> tcfg.RunConfig:

@@ -41,6 +41,8 @@ class _FakeKernel:
 
     __name__ = "fake_kernel"
 
+    arg_names = ["HEAD_DIM", "BLOCK"]
+
     def __init__(self, needs: dict):
         self.needs, self.fn = needs, self
 
@@ -59,7 +61,9 @@ def test_configs_that_do_not_fit_the_device_are_left_out(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a small GPU")
     configs = [triton.Config({"BLOCK": b}, num_warps=4, num_stages=2) for b in (128, 64, 32)]
     kernel = _FakeKernel({128: 180000, 64: 101376, 32: 40000})
-    assert [c.kwargs["BLOCK"] for c in _autotune.fitting(kernel, configs, {"HEAD_DIM": 64})] == [64, 32]
+    # the autotuner's prune hook passes launch options (the grid) with the kernel's arguments
+    launch = {"HEAD_DIM": 64, "grid": (7, 1, 1)}
+    assert [c.kwargs["BLOCK"] for c in _autotune.fitting(kernel, configs, launch)] == [64, 32]
     with pytest.raises(_autotune.NoFittingConfig, match="fake_kernel.*101376 bytes"):
         _autotune.fitting(kernel, configs[:1], {"HEAD_DIM": 64})
 

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_dispatch.backends.triton._compile_check import SM90_SHARED_BYTES
-from kernel_dispatch.backends.triton.lazy_attention_with_kvcache import sm90_compile_specs
+from kernel_dispatch.testing.triton_compile import SM90_SHARED_BYTES, kvcache_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD_DIMS, DTYPES, ROWS = (64, 128), (torch.bfloat16, torch.float16, torch.float32), (4, 256)
@@ -26,9 +25,8 @@ HEAD_DIMS, DTYPES, ROWS = (64, 128), (torch.bfloat16, torch.float16, torch.float
 _WORKER = """
 import json, os, re, subprocess, sys, tempfile
 import torch, triton
-from kernel_dispatch.backends.triton._compile_check import compile_sm90, small_async_copies
-from kernel_dispatch.backends.triton.lazy_attention_with_kvcache import sm90_compile_specs
-spec = next(s for s in sm90_compile_specs(head_dims=(64, 128), rows=(4, 256)) if s["id"] == sys.argv[1])
+from kernel_dispatch.testing.triton_compile import compile_sm90, kvcache_specs, small_async_copies
+spec = next(s for s in kvcache_specs(head_dims=(64, 128), rows=(4, 256)) if s["id"] == sys.argv[1])
 k = compile_sm90(spec["fn"], spec["signature"], spec["constexprs"], spec["num_warps"], spec["num_stages"],
                  divisible=spec["divisible"])
 ptx = k.asm["ptx"]
@@ -45,7 +43,7 @@ print(json.dumps({"shared": int(k.metadata.shared), "local": int(re.search(r"LOC
 
 
 def _params():
-    for s in sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=ROWS):
+    for s in kvcache_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=ROWS):
         quick = "-bf16-d128-r4" in s["id"]
         yield pytest.param(s["id"], id=s["id"], marks=() if quick else pytest.mark.slow)
 

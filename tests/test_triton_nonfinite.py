@@ -17,6 +17,7 @@ from kernel_dispatch.golden import lazy_attention as golden
 from .tolerances import rel_err, tolerance
 
 NAMES = ("o", "dq", "dk", "dv", "dbias", "dtau")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernels through the interpreter
 
 
 def _inputs(L: int, D: int = 16, H: int = 1, W: int = 2, seed: int = 0) -> dict:
@@ -27,6 +28,7 @@ def _inputs(L: int, D: int = 16, H: int = 1, W: int = 2, seed: int = 0) -> dict:
 
 
 def _run(impl, t: dict, causal: bool) -> dict:
+    t = {name: x.to(DEVICE) for name, x in t.items()}
     scale = t["q"].shape[-1] ** -0.5
     args = (t["q"], t["k"], t["v"], t["bias"], t["tau"])
     o, lse = impl.forward(*args, scale, None, causal)

@@ -17,13 +17,7 @@ from kernel_dispatch.golden import lazy_attention_varlen as varlen
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: these ops are tiny, and 2 threads on 2 busy cores spin-wait badly."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 class GoldenVarlen(torch.autograd.Function):

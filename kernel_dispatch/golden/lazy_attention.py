@@ -15,6 +15,16 @@ def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
 
+def _zero_padding(lengths, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` [B, *, L, D] with every position >= lengths[b] set to 0 (all of them when lengths is None): what
+    padding holds, NaN included, then never reaches a valid row through a product with a masked zero."""
+    if lengths is None:
+        return tensors
+    B, _, L, _ = tensors[0].shape
+    pad = torch.arange(L, device=tensors[0].device)[None, :] >= lengths.to(tensors[0].device)[:, None]
+    return tuple(t.masked_fill(pad.view(B, 1, L, 1), 0) for t in tensors)
+
+
 def _scores(q, k, bias, scale, lengths, causal, ct):
     """Masked scores S [B, H, L, L], the validity mask, i [.., L, 1] and the valid-row mask."""
     B, H, L, _ = q.shape
@@ -51,26 +61,36 @@ def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
     """O [B, H, L, D] (q's dtype) and LSE [B, H, L] (float32, or float64 for float64 q)."""
     ct = compute_dtype(q)
     groups = q.shape[1] // k.shape[1]
+    out_dtype = q.dtype
+    q, k, v = _zero_padding(lengths, q, k, v)
     s, valid, i, row_valid = _scores(q, k, bias, scale, lengths, causal, ct)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
     a = torch.relu(p + tau.to(ct).view(1, -1, 1, 1) / i) * valid
-    o = (a @ _expand_kv(v.to(ct), groups)) * row_valid
-    return o.to(q.dtype), lse
+    o = torch.where(row_valid, a @ _expand_kv(v.to(ct), groups), 0)
+    return o.to(out_dtype), lse
 
 
 def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
-    """(dq, dk, dv, dbias, dtau) in the dtypes of (q, k, v, bias, tau); see SPEC section 1."""
+    """(dq, dk, dv, dbias, dtau) in the dtypes of (q, k, v, bias, tau); see SPEC section 1.
+
+    In grad mode (a backward run with create_graph=True) LSE is recomputed from the scores instead of read
+    from ``lse``, so that the gradients are differentiable functions of the inputs (second-order gradients).
+    """
     ct = compute_dtype(q)
     B, H, L, D = q.shape
     Hkv = k.shape[1]
     groups = H // Hkv
+    dtypes = q.dtype, k.dtype, v.dtype
+    do, q, k, v = _zero_padding(lengths, do, q, k, v)
     s, valid, i, row_valid = _scores(q, k, bias, scale, lengths, causal, ct)
-    p = torch.exp(s - lse.to(ct)[..., None])
+    if torch.is_grad_enabled():
+        lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(row_valid, torch.exp(s - lse.to(ct)[..., None]), 0)
     shifted = p + tau.to(ct).view(1, -1, 1, 1) / i
     mk = (shifted > 0) & valid
     a = torch.relu(shifted) * valid
-    dof = do.to(ct) * row_valid
+    dof = do.to(ct)
     vf = _expand_kv(v.to(ct), groups)
     da = dof @ vf.transpose(-1, -2)
     dp = da * mk
@@ -89,4 +109,4 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
         if not causal and t > 0:
             dbias[:, t] += torch.diagonal(ds_h, offset=t, dim1=-2, dim2=-1).sum(-1)
     dtau = ((dp.sum(-1, keepdim=True) / i).sum((0, 2, 3)))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias.dtype), dtau.to(tau.dtype)
+    return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2]), dbias.to(bias.dtype), dtau.to(tau.dtype)

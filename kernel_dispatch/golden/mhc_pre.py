@@ -56,16 +56,22 @@ def _mixings(z, alpha, bias, n, post_mult, pre_eps):
     return s_pre, s_pre + pre_eps, s_post, post_mult * s_post, logits
 
 
+def _normalized_mix(x, phi, gamma, norm_eps: float, ct):
+    """(xf [T, n*D], pg = phi * gamma [M, n*D], z [T, M], inv_rms [T]) in the compute dtype ``ct``."""
+    T, n, D = x.shape
+    xf = x.to(ct).reshape(T, n * D)
+    pg = phi.to(ct) if gamma is None else phi.to(ct) * gamma.to(ct)
+    inv_rms = torch.rsqrt(xf.square().mean(-1) + norm_eps)
+    z = (xf @ pg.t()) * inv_rms[:, None]
+    return xf, pg, z, inv_rms
+
+
 def forward(x, phi, alpha, bias, gamma, sinkhorn_iters: int, post_mult: float, norm_eps: float,
             pre_eps: float, sinkhorn_eps: float):
     """(h_in [T, D] x.dtype, h_post [T, n], h_res [T, n, n], z [T, M], inv_rms [T]), fp32 or fp64."""
     ct = compute_dtype(x)
     T, n, D = x.shape
-    xf = x.to(ct).reshape(T, n * D)
-    pg = phi.to(ct) if gamma is None else phi.to(ct) * gamma.to(ct)
-    h_mix = xf @ pg.t()
-    inv_rms = torch.rsqrt(xf.square().mean(-1) + norm_eps)
-    z = h_mix * inv_rms[:, None]
+    xf, _, z, inv_rms = _normalized_mix(x, phi, gamma, norm_eps, ct)
     _, h_pre, _, h_post, logits = _mixings(z, alpha, bias, n, post_mult, pre_eps)
     h_res = sinkhorn(logits, sinkhorn_iters, sinkhorn_eps)
     h_in = (h_pre[:, :, None] * xf.view(T, n, D)).sum(1)
@@ -91,13 +97,17 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
 
     ``dx_acc`` (None, or [T, n, D] in x's dtype, any strides): a gradient of x from elsewhere (the
     residual path into mhc_post), added to dx before its one rounding to x's dtype.
+    In grad mode (a backward run with create_graph=True) z and inv_rms are recomputed from x, phi and gamma
+    instead of read from the residuals, so that the gradients are differentiable functions of the inputs.
     """
     check_dx_acc(dx_acc, x)
     ct = compute_dtype(x)
     T, n, D = x.shape
-    xf = x.to(ct).reshape(T, n * D)
-    z = z.to(ct)
-    inv_rms = inv_rms.to(ct)
+    if torch.is_grad_enabled():
+        xf, pg, z, inv_rms = _normalized_mix(x, phi, gamma, norm_eps, ct)
+    else:
+        xf, pg = x.to(ct).reshape(T, n * D), (phi.to(ct) if gamma is None else phi.to(ct) * gamma.to(ct))
+        z, inv_rms = z.to(ct), inv_rms.to(ct)
     s_pre, h_pre, s_post, _, logits = _mixings(z, alpha, bias, n, post_mult, pre_eps)
     g_in = dh_in.to(ct)
     dh_pre = (xf.view(T, n, D) * g_in[:, None, :]).sum(-1)
@@ -111,7 +121,6 @@ def backward(dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, sin
     dz = torch.cat([d_pre * a[0], d_post * a[1], d_res * a[2]], dim=-1)
     dh_mix = dz * inv_rms[:, None]
     d_inv = (dz * z).sum(-1) / inv_rms
-    pg = phi.to(ct) if gamma is None else phi.to(ct) * gamma.to(ct)
     dxf = dh_mix @ pg - (d_inv * inv_rms.pow(3) / (n * D))[:, None] * xf
     dx = dxf.view(T, n, D) + h_pre[:, :, None] * g_in[:, None, :]
     if dx_acc is not None:

@@ -8,7 +8,6 @@ bias, tau, lengths, O and the fp32 LSE [B, H, L].
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -16,9 +15,9 @@ import torch
 from torch import Tensor
 
 from .. import registry
-from ..declaration import Capabilities, Fact, Operator, Tolerance, declare
-from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_same_device, check_shape, check_tensor,
-                        fmt_shape)
+from ..declaration import BadValues, Capabilities, Fact, Operator, RangeCheck, Tolerance, declare
+from ._frontend import (PARAM_DTYPES, backend_pair, call_backward, call_op, check_float, check_same_device,
+                        check_shape, check_tensor, check_values, fmt_shape)
 
 OP = "lazy_attention"
 
@@ -102,8 +101,8 @@ class LazyAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, bias, tau, o, lse, lengths = ctx.saved_tensors
-        dq, dk, dv, dbias, dtau = call_op(lazy_attention_bwd, _bwd, do, q, k, v, bias, tau, o, lse, ctx.scale,
-                                          lengths, ctx.causal, ctx.bwd_backend)
+        dq, dk, dv, dbias, dtau = call_backward(OP, ctx.bwd_backend, lazy_attention_bwd, _bwd, do, q, k, v, bias,
+                                                tau, o, lse, ctx.scale, lengths, ctx.causal, ctx.bwd_backend)
         return dq, dk, dv, dbias, dtau, None, None, None, None, None
 
 
@@ -149,29 +148,17 @@ def validate(q, k, v, bias, tau, scale, lengths, causal) -> None:
         check_tensor("lengths", lengths, dtypes=(torch.int32, torch.int64), ndim=1)
         check_shape("lengths", lengths, (B,), "[B]")
     check_same_device(q=q, k=k, v=v, bias=bias, tau=tau, lengths=lengths)
-    if lengths is not None and not torch.compiler.is_compiling():
-        lo, hi = length_range(lengths)
-        if lo < 1 or hi > L:
-            raise ValueError(f"lengths: expected every value in [1, L] = [1, {L}], got min {lo}, max {hi}")
+    check_values(value_checks(q, lengths))
 
 
-_length_ranges: dict[int, tuple] = {}  # id(lengths) -> (weak reference, _version, min, max)
-
-
-def length_range(lengths: Tensor) -> tuple[int, int]:
-    """(min, max) of ``lengths`` [B]. Reading them waits for the device, so each tensor is read once per
-    in-place version: the layers of a model that share one lengths tensor pay one wait per batch, not one each.
-    Inference-mode tensors keep no version counter and are read on every call."""
-    key = id(lengths)
-    seen = _length_ranges.get(key)
-    version = None if lengths.is_inference() else lengths._version
-    if version is not None and seen is not None and seen[0]() is lengths and seen[1] == version:
-        return seen[2], seen[3]
-    lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device-to-host copy
-    if version is not None:
-        ref = weakref.ref(lengths, lambda _, key=key: _length_ranges.pop(key, None))
-        _length_ranges[key] = (ref, version, lo, hi)
-    return lo, hi
+def value_checks(q: Tensor, lengths: Optional[Tensor]) -> tuple[RangeCheck, ...]:
+    """lengths [B] in [1, L], checked on every call (no cache: an in-place write, ``.data`` included, is always
+    seen): read on the host for CPU tensors, asserted on the device otherwise (see ``_frontend.check_values``)."""
+    if lengths is None:
+        return ()
+    L = q.shape[2]
+    known = f" = [1, {L}]" if type(L) is int else ""  # a symbolic L (dynamic shapes) is not formatted
+    return (RangeCheck("lengths", lengths, 1, L, f"every value in [1, L]{known}"),)
 
 
 def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *, scale: float | None = None,
@@ -185,12 +172,20 @@ def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *
         tau: [H] fp32, the Elastic-Softmax offset (usually initialised to -1).
         scale: score scale, default 1 / sqrt(D).
         lengths: optional [B] int32/int64 in [1, L]; keys and output rows past lengths[b] are
-            masked and zero.
+            masked and zero. Checked on every call without a device-to-host read: on CUDA, and under
+            torch.compile or CUDA-graph capture, by torch._assert_async (a device-side assert that prints
+            the message); eager CPU tensors are read (a ValueError naming lengths).
         causal: True for causal attention (i = m + 1), False for full (i = valid key count).
         backend: a backend name or (forward, backward) pair; overrides every other choice.
 
     Returns:
         O [B, H, L, D] in q's dtype, contiguous.
+
+    Non-finite tensor values are not checked (that would read the device); they propagate as in the golden
+    backend. A NaN or +inf score S[m, n] at a visible position (from q[m], k[n] or bias) makes output row m
+    non-finite and no other row; a -inf score acts as a masked key. NaN or +inf tau[h] makes every row of head h
+    non-finite. A non-finite v[n] reaches every row that sees key n. Padded positions (past lengths[b]) reach
+    nothing, whatever they hold: padded output rows and their gradients stay exactly zero.
     """
     validate(q, k, v, bias, tau, scale, lengths, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -222,7 +217,8 @@ def _declaration() -> Operator:
         gradients={"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "tau": "dtau"},
         env_var="LAZYATTN_BACKEND", group="lazy_attention", info_facts=INFO_FACTS,
         per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
-        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.ops.lazy_attention_bench")
+        cases=cases.CASES, make_inputs=cases.make_inputs, bench="kernel_dispatch.ops.lazy_attention_bench",
+        value_checks=value_checks, bad_values=cases.BAD_VALUES)
 
 
 DECLARATION = declare(_declaration())

@@ -5,7 +5,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..testing.matrix import Inputs
+from ..declaration import BadValues
+from ..testing.matrix import Inputs, replacing
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ CASES = _SMALL + tuple(
     AttnCase("realistic_w_gt_l", B=2, H=16, Hkv=16, L=1024, D=128, W=1536, gpu_only=True),
     # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
     AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, gpu_only=True),
+)
+
+
+# Values the lengths check refuses, from the "lengths" case (B = 3, L = 40).
+BAD_VALUES = (
+    BadValues("above_L", "lengths", replacing("lengths", (41, 17, 1)), ("lengths", "[1, L] = [1, 40]", "max 41")),
+    BadValues("zero", "lengths", replacing("lengths", (40, 0, 1)), ("lengths", "[1, L] = [1, 40]", "min 0")),
+    BadValues("negative", "lengths", replacing("lengths", (40, 17, -3)), ("lengths", "min -3")),
 )
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Operator, declare
-from ._frontend import (backend_pair, call_op, check_same_device, check_shape, check_tensor,
+from ._frontend import (backend_pair, call_backward, call_op, check_same_device, check_shape, check_tensor,
                         fmt_shape)
 from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps, check_parameters
 
@@ -85,8 +85,8 @@ class LazyAttentionVarlenFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, bias, tau, o, lse, cu_seqlens = ctx.saved_tensors
-        grads = call_op(lazy_attention_varlen_bwd, _bwd, do, q, k, v, bias, tau, o, lse, cu_seqlens, ctx.max_seqlen,
-                        ctx.scale, ctx.causal, ctx.bwd_backend)
+        grads = call_backward(OP, ctx.bwd_backend, lazy_attention_varlen_bwd, _bwd, do, q, k, v, bias, tau, o, lse,
+                              cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.causal, ctx.bwd_backend)
         return (*grads, None, None, None, None, None, None)
 
 
@@ -176,6 +176,9 @@ def lazy_attention_varlen(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Te
 
     Returns:
         O [T, H, D] in q's dtype, contiguous. Positions, i and distances count from each document's start.
+
+    Non-finite tensor values propagate as in :func:`kernel_dispatch.lazy_attention`, within each document: a NaN or
+    +inf visible score poisons its row, NaN or +inf tau[h] head h; nothing crosses a document boundary.
     """
     validate(q, k, v, bias, tau, cu_seqlens, max_seqlen, scale, causal)
     max_seqlen = check_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
@@ -196,7 +199,8 @@ def _declaration() -> Operator:
         env_var="LAZYATTN_BACKEND", group="lazy_attention",
         info_facts=tuple(f for f in INFO_FACTS if f.key != "lengths"),
         per_head={"o": 1, "dq": 1, "dk": 1, "dv": 1}, tolerances=TOLERANCES,
-        cases=cases.CASES, make_inputs=cases.make_inputs)
+        cases=cases.CASES, make_inputs=cases.make_inputs, bad_values=cases.BAD_VALUES,
+        bench="kernel_dispatch.ops.lazy_attention_varlen_bench")
 
 
 DECLARATION = declare(_declaration())

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..testing.matrix import Inputs
+from ..declaration import BadValues
+from ..testing.matrix import Inputs, replacing
 from .lazy_attention_cases import away_from_kink, random_tau
 
 
@@ -52,6 +53,19 @@ CASES = (
                gpu_only=True),
     VarlenCase("realistic_gqa_noncausal", docs=(1000, 1, 2047, 700), H=16, Hkv=4, D=64, W=256, causal=False,
                gpu_only=True),
+)
+
+
+# Boundaries the cu_seqlens and max_seqlen checks refuse, from "boundary_inside_tile" (documents 13, 19, 8, 33; T = 73).
+BAD_VALUES = (
+    BadValues("first_boundary_not_0", "boundary_inside_tile", replacing("cu_seqlens", (1, 13, 32, 40, 73)),
+              ("cu_seqlens", "cu_seqlens[0] == 0", "got 1")),
+    BadValues("decreasing", "boundary_inside_tile", replacing("cu_seqlens", (0, 13, 12, 40, 73)),
+              ("cu_seqlens", "non-decreasing", "cu_seqlens[1] = 13 > cu_seqlens[2] = 12")),
+    BadValues("last_boundary_not_T", "boundary_inside_tile", replacing("cu_seqlens", (0, 13, 32, 40, 72)),
+              ("cu_seqlens", "T = q.shape[0] = 73", "got 72")),
+    BadValues("max_seqlen_too_small", "boundary_inside_tile", replacing("max_seqlen", 20),
+              ("max_seqlen", "smaller than the longest document (33 tokens)")),
 )
 
 

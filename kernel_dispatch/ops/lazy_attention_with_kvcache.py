@@ -153,6 +153,9 @@ def lazy_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, bia
 
     Returns:
         O [B, H, Lq, D] in q's dtype, contiguous.
+
+    Non-finite tensor values propagate as in :func:`kernel_dispatch.lazy_attention`: a NaN or +inf visible score
+    poisons its query row; cache entries past a row's n_b keys reach nothing, whatever they hold.
     """
     validate(q, k_cache, v_cache, bias, tau, cache_seqlens, k, v, scale)
     check_cache_seqlens(cache_seqlens, q.shape[2], k_cache.shape[2], appended=k is not None)
@@ -176,7 +179,8 @@ def _declaration() -> Operator:
         env_var="LAZYATTN_BACKEND", group="lazy_attention",
         info_facts=facts + (Fact("q_len", "--q-len", 1, "lazy attention with a KV cache: new queries Lq"),),
         per_head={"o": 1}, tolerances={"o": TOLERANCES["o"]},
-        cases=cases.CASES, make_inputs=cases.make_inputs)
+        cases=cases.CASES, make_inputs=cases.make_inputs, bad_values=cases.BAD_VALUES,
+        bench="kernel_dispatch.ops.lazy_attention_with_kvcache_bench")
 
 
 DECLARATION = declare(_declaration())

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..testing.matrix import Inputs
+from ..declaration import BadValues
+from ..testing.matrix import Inputs, replacing
 from .lazy_attention_cases import KINK_MARGIN, random_tau
 
 
@@ -71,6 +72,18 @@ def _away_from_kink(q, k_cache, bias, tau, case: KVCacheCase, rnd) -> None:
         if not moved:
             return
     raise RuntimeError("kv-cache inputs: could not move every score away from the relu kink")
+
+
+# Key counts the cache_seqlens check refuses: from "decode_unequal_rows" (cached 37, 5, 100 of S = 104, one new
+# token appended) and "decode_no_append" (Lq = 1 query among the cached keys).
+BAD_VALUES = (
+    BadValues("negative", "decode_unequal_rows", replacing("cache_seqlens", (37, -1, 100)),
+              ("cache_seqlens", "values >= 0", "min -1")),
+    BadValues("beyond_capacity", "decode_unequal_rows", replacing("cache_seqlens", (37, 5, 104)),
+              ("cache_seqlens", "104 cached tokens + 1 new", "capacity S = 104")),
+    BadValues("fewer_keys_than_queries", "decode_no_append", replacing("cache_seqlens", (37, 0, 1)),
+              ("cache_seqlens", "0 keys, fewer than the Lq = 1 queries")),
+)
 
 
 def make_inputs(case: KVCacheCase, dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> Inputs:

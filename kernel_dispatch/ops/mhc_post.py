@@ -13,7 +13,8 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Operator, Tolerance, declare
-from ._frontend import PARAM_DTYPES, backend_pair, call_op, check_same_device, check_shape, check_tensor, fmt_shape
+from ._frontend import (PARAM_DTYPES, backend_pair, call_backward, call_op, check_same_device, check_shape,
+                        check_tensor, fmt_shape)
 from .mhc_pre import INFO_FACTS, MHCCaps, mhc_meta
 
 OP = "mhc_post"
@@ -58,7 +59,8 @@ class MHCPostFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         f, x, h_post, h_res = ctx.saved_tensors
-        df, dx, dh_post, dh_res = call_op(mhc_post_bwd, _bwd, g, f, x, h_post, h_res, ctx.bwd_backend)
+        df, dx, dh_post, dh_res = call_backward(OP, ctx.bwd_backend, mhc_post_bwd, _bwd, g, f, x, h_post, h_res,
+                                                ctx.bwd_backend)
         return df, dx, dh_post, dh_res, None, None
 
 
@@ -90,6 +92,9 @@ def mhc_post(f: Tensor, x: Tensor, h_post: Tensor, h_res: Tensor, *, backend: An
 
     Returns:
         out [..., n, D] in x's dtype.
+
+    Non-finite tensor values are not checked; they propagate as in the golden backend: out[..., o, d] is
+    non-finite exactly where f[..., d], a stream x[..., i, d], h_post[..., o] or a weight h_res[..., i, o] is.
     """
     validate(f, x, h_post, h_res)
     lead, (n, D) = x.shape[:-2], x.shape[-2:]

@@ -19,8 +19,8 @@ from torch import Tensor
 
 from .. import registry
 from ..declaration import Capabilities, Fact, Operator, Tolerance, declare
-from ._frontend import (PARAM_DTYPES, backend_pair, call_op, check_float, check_positive_int, check_same_device,
-                        check_shape, check_tensor, fmt_shape)
+from ._frontend import (PARAM_DTYPES, backend_pair, call_backward, call_op, check_float, check_positive_int,
+                        check_same_device, check_shape, check_tensor, fmt_shape)
 
 OP = "mhc_pre"
 
@@ -129,8 +129,8 @@ class MHCPreFunction(torch.autograd.Function):
         dh_in = x.new_zeros(T, D) if dh_in is None else dh_in
         dh_post = z.new_zeros(T, n, dtype=ct) if dh_post is None else dh_post
         dh_res = z.new_zeros(T, n, n, dtype=ct) if dh_res is None else dh_res
-        dx, dphi, dalpha, dbias, dgamma = call_op(
-            mhc_pre_bwd, _bwd, dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp,
+        dx, dphi, dalpha, dbias, dgamma = call_backward(
+            OP, ctx.bwd_backend, mhc_pre_bwd, _bwd, dh_in, dh_post, dh_res, x, phi, alpha, bias, gamma, z, inv_rms, *ctx.hp,
             ctx.bwd_backend, None if dx_res is None else dx_res.to(x.dtype))
         return dx, dphi, dalpha, dbias, (dgamma if gamma is not None else None), None, None, None, None
 
@@ -155,10 +155,9 @@ def validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pr
         check_shape("gamma", gamma, (n * D,), "[n*D]")
     check_positive_int("sinkhorn_iters", sinkhorn_iters)
     check_float("post_mult", post_mult)
-    for name, val in (("norm_eps", norm_eps), ("pre_eps", pre_eps), ("sinkhorn_eps", sinkhorn_eps)):
-        check_float(name, val)
-        if val < 0:
-            raise ValueError(f"{name}: expected a float >= 0, got {val!r}")
+    check_float("norm_eps", norm_eps, minimum=0, strict=True)  # 0 would divide an all-zero token by zero
+    check_float("pre_eps", pre_eps, minimum=0)
+    check_float("sinkhorn_eps", sinkhorn_eps, minimum=0)
     check_same_device(x=x, phi=phi, alpha=alpha, bias=bias, gamma=gamma)
 
 
@@ -181,6 +180,10 @@ def mhc_pre(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor |
     Returns:
         h_in [..., D] in x's dtype; h_post [..., n] fp32; h_res [..., n, n] fp32, [in, out] layout;
         with ``return_residual``, then x [..., n, D].
+
+    Non-finite tensor values are not checked; they propagate as in the golden backend: a NaN or inf in x makes
+    every output of its token non-finite and leaves every other token unchanged; a non-finite phi, alpha, bias or
+    gamma reaches every token.
     """
     validate(x, phi, alpha, bias, gamma, sinkhorn_iters, post_mult, norm_eps, pre_eps, sinkhorn_eps)
     lead, (n, D) = x.shape[:-2], x.shape[-2:]

@@ -7,6 +7,7 @@ is named.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -30,6 +31,20 @@ class Inputs:
     tensors: dict[str, torch.Tensor]
     kwargs: dict = field(default_factory=dict)
     grads: tuple[torch.Tensor, ...] = ()
+
+
+def replacing(name: str, value) -> "Callable[[Inputs], Inputs]":
+    """A function of :class:`Inputs` that returns them with the tensor or keyword argument ``name`` replaced by
+    ``value`` (for a tensor, a tensor of ``value`` in the original's dtype and on its device), for
+    :class:`kernel_dispatch.declaration.BadValues` examples."""
+    def alter(inp: Inputs) -> Inputs:
+        tensors, kwargs = dict(inp.tensors), dict(inp.kwargs)
+        where = tensors if name in tensors else kwargs
+        old = where[name]
+        where[name] = (torch.tensor(value, dtype=old.dtype, device=old.device) if isinstance(old, torch.Tensor)
+                       else value)
+        return Inputs(tensors, kwargs, inp.grads)
+    return alter
 
 
 def tolerance(op: str, dtype: torch.dtype, tensor: str, tf32: bool = False) -> float:

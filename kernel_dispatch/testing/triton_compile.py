@@ -217,3 +217,62 @@ def mhc_post_specs(dtypes=(torch.bfloat16,), ns=(4,)) -> Iterator[dict]:
                 yield _mhc_spec(mhc_post.mhc_post_fwd_kernel, "post_fwd", dt, n, dict(N=n, VEC=mhc_post.vec(dt)), c)
             for c in mhc_post.BWD_CONFIGS:
                 yield _mhc_spec(mhc_post.mhc_post_bwd_kernel, "post_bwd", dt, n, dict(N=n, VEC=mhc_post.vec(dt)), c)
+
+
+_KV_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_KV_FP32_POINTERS = ("Bias", "Tau", "SCORES", "LSE_PART", "O_PART")
+
+
+def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
+    """Every kernel variant the KV-cache launcher can run on CUDA, as arguments of :func:`compile_sm90`.
+
+    Yields dicts: id, fn, signature, constexprs, num_warps, num_stages, divisible. ``rows``: the R = (H / Hkv) * Lq
+    values whose tiles to build (4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
+    without kept scores and with and without the direct store; strides are typed as a contiguous launch
+    specializes them (unit D strides constant, the others multiples of 16).
+    """
+    from ..backends.triton import lazy_attention_with_kvcache as kv
+
+    head_dims = kv.HEAD_DIMS if head_dims is None else head_dims
+    dtypes = kv.DTYPES if dtypes is None else dtypes
+    kernels = {"lse": kv.kvcache_lse_kernel, "out": kv.kvcache_out_kernel, "reduce": kv.kvcache_reduce_kernel}
+    for dt in dtypes:
+        for d in head_dims:
+            for r in rows:
+                t = kv.TILES["fp32" if dt == torch.float32 else "half"]
+                t = kv.KVCacheTiles(max(16, min(t.block_m, 1 << max(0, r - 1).bit_length())), t.block_n, t.num_warps,
+                                 t.num_stages)
+                variants = [("lse", dict(KEEP=k)) for k in (True, False)]
+                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 64)) for k in (True, False)
+                             for dr in (True, False)]
+                variants += [("reduce", {})]
+                for name, extra in variants:
+                    fn = kernels[name]
+                    sig, div = {}, []
+                    for arg in fn.arg_names:
+                        if arg in ("Q", "K", "V", "O"):
+                            sig[arg] = "*" + _KV_DTYPE[dt]
+                        elif arg in _KV_FP32_POINTERS:
+                            sig[arg] = "*fp32"
+                        elif arg == "Seqlens":
+                            sig[arg] = "*i32"
+                        elif arg == "qk_scale":
+                            sig[arg] = "fp32"
+                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "NS_POW2", "KEEP", "DIRECT", "UPCAST", "PREC"):
+                            continue
+                        else:
+                            sig[arg] = "i32"
+                            if arg.startswith("stride") and not arg.endswith("d"):
+                                div.append(arg)
+                    const = {k: v for k, v in kv.arg_constants(fn, d, dt, t).items() if k in fn.arg_names}
+                    const.update({k: v for k, v in extra.items() if k in fn.arg_names})
+                    const.update({a: 1 for a in fn.arg_names if a.startswith("stride") and a.endswith("d")})
+                    for a in const:
+                        sig.pop(a, None)
+                    tag = "-".join(f"{k.lower()}{int(v)}" for k, v in sorted(extra.items()))
+                    warps = t.num_warps
+                    yield {"id": f"kvcache-{name}-{_KV_DTYPE[dt]}-d{d}-r{r}" + (f"-{tag}" if tag else ""),
+                           "fn": fn, "signature": sig, "constexprs": const, "num_warps": warps,
+                           "num_stages": t.num_stages if name != "reduce" else 3, "divisible": div}
+
+

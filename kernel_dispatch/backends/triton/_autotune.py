@@ -65,7 +65,11 @@ def fitting(kernel, configs: list, args: dict) -> list:
     import torch
 
     limit = shared_memory_limit(torch.cuda.current_device())
-    need = [kernel.fn.warmup(grid=(1,), **args, **c.all_kwargs()).metadata.shared for c in configs]
+    names = set(kernel.fn.arg_names)  # the autotuner's prune hook also hands over launch options (grid, ...)
+    need = []
+    for c in configs:
+        kernel_args = {k: v for k, v in args.items() if k in names and k not in c.kwargs}
+        need.append(kernel.fn.warmup(**kernel_args, **c.all_kwargs(), grid=(1,)).metadata.shared)
     fit = [c for c, n in zip(configs, need) if n <= limit]
     if not fit:
         raise NoFittingConfig(f"{kernel.fn.__name__}: no launch config fits the {limit} bytes of shared memory per "

@@ -120,59 +120,6 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     return o
 
 
-_TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-_KERNELS = {"lse": kvcache_lse_kernel, "out": kvcache_out_kernel, "reduce": kvcache_reduce_kernel}
-_FP32_POINTERS = ("Bias", "Tau", "SCORES", "LSE_PART", "O_PART")
-
-
-def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
-    """Every kernel variant the launcher can run on CUDA, as arguments of ``_compile_check.compile_for_sm90``.
-
-    Yields dicts: id, fn, signature, constexprs, num_warps, num_stages, divisible. ``rows``: the R = (H / Hkv) * Lq
-    values whose tiles to build (4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
-    without kept scores and with and without the direct store; strides are typed as a contiguous launch
-    specializes them (unit D strides constant, the others multiples of 16).
-    """
-    for dt in dtypes:
-        for d in head_dims:
-            for r in rows:
-                t = TILES["fp32" if dt == torch.float32 else "half"]
-                t = KVCacheTiles(max(16, min(t.block_m, triton.next_power_of_2(r))), t.block_n, t.num_warps,
-                                 t.num_stages)
-                variants = [("lse", dict(KEEP=k)) for k in (True, False)]
-                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 64)) for k in (True, False)
-                             for dr in (True, False)]
-                variants += [("reduce", {})]
-                for name, extra in variants:
-                    fn = _KERNELS[name]
-                    sig, div = {}, []
-                    for arg in fn.arg_names:
-                        if arg in ("Q", "K", "V", "O"):
-                            sig[arg] = "*" + _TRITON_DTYPE[dt]
-                        elif arg in _FP32_POINTERS:
-                            sig[arg] = "*fp32"
-                        elif arg == "Seqlens":
-                            sig[arg] = "*i32"
-                        elif arg == "qk_scale":
-                            sig[arg] = "fp32"
-                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "NS_POW2", "KEEP", "DIRECT", "UPCAST", "PREC"):
-                            continue
-                        else:
-                            sig[arg] = "i32"
-                            if arg.startswith("stride") and not arg.endswith("d"):
-                                div.append(arg)
-                    const = {k: v for k, v in arg_constants(fn, d, dt, t).items() if k in fn.arg_names}
-                    const.update({k: v for k, v in extra.items() if k in fn.arg_names})
-                    const.update({a: 1 for a in fn.arg_names if a.startswith("stride") and a.endswith("d")})
-                    for a in const:
-                        sig.pop(a, None)
-                    tag = "-".join(f"{k.lower()}{int(v)}" for k, v in sorted(extra.items()))
-                    warps = t.num_warps
-                    yield {"id": f"kvcache-{name}-{_TRITON_DTYPE[dt]}-d{d}-r{r}" + (f"-{tag}" if tag else ""),
-                           "fn": fn, "signature": sig, "constexprs": const, "num_warps": warps,
-                           "num_stages": t.num_stages if name != "reduce" else 3, "divisible": div}
-
-
 def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles) -> dict:
     """The constexpr arguments the launcher passes to ``fn`` on CUDA (besides KEEP, DIRECT and NS_POW2)."""
     block_m = tiles.block_m if fn is not kvcache_reduce_kernel else REDUCE_BLOCK_M
