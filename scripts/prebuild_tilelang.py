@@ -11,6 +11,7 @@ flags); batch, sequence length and token count are symbolic. This builds:
 
 - lazy_attention: its five kernels at head dims 64 and 128, fp16 and bf16, causal and not (every shape class the
   TileLang backend supports);
+- lazy_attention_varlen: the same five kernels in their packed-document form, at the same shape classes;
 - mhc_pre, mhc_post: every kernel at each n = 4 feature size of the test cases, of the benchmark's default sweep
   and of the GPU training configs, fp16 and bf16, with the default hyper-parameters and the SM count of an H100
   SXM or H200 (132: the mHC pre backward's token splits depend on it; ``--sms`` for other cards);

@@ -21,11 +21,14 @@ PREBUILD = Path(__file__).resolve().parents[1] / "scripts" / "prebuild_tilelang.
 FACTS = {
     "lazy_attention": lambda case: {"head_dim": case.D, "gqa": case.H != case.Hkv, "lengths": case.lengths is not None,
                                     "causal": case.causal, "bias_length": case.W},
+    "lazy_attention_varlen": lambda case: {"head_dim": case.D, "gqa": case.H != case.Hkv, "causal": case.causal,
+                                           "bias_length": case.W},
     "mhc_pre": lambda case: {"n": case.n, "D": case.D},
     "mhc_post": lambda case: {"n": case.n, "D": case.D},
 }
 SHAPE_CLASS = {
     "lazy_attention": lambda case, dtype: (case.D, dtype, case.causal),
+    "lazy_attention_varlen": lambda case, dtype: (case.D, dtype, case.causal),
     "mhc_pre": lambda case, dtype: (case.D, dtype),
     "mhc_post": lambda case, dtype: (case.D, dtype),
 }

@@ -4,8 +4,9 @@ Each configuration is compiled for ``GPUTarget("cuda", 90, 32)`` in a separate p
 (without TRITON_INTERPRET, which this test session sets) and must fit sm_90's 232448 bytes of
 shared memory. No GPU is needed: triton ships ptxas. The quick suite compiles every distinct
 config at the largest head dim it ships for (shared memory grows with the head dim), for bf16
-(the same bytes as fp16) and fp32, causal; the rest (every head dim and dtype, and non-causal)
-is marked slow.
+(the same bytes as fp16) and fp32, causal, and the packed-document variant (lazy_attention_varlen)
+of each kernel's first bf16 config at head dim 128; the rest (every head dim and dtype, non-causal,
+every packed variant) is marked slow.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _WORKER = """
 import json, sys
 from kernel_dispatch.testing.triton_compile import compile_spec, lazy_attention_specs, small_async_copies
-spec = next(s for s in lazy_attention_specs(causal=(True, False)) if s["id"] == sys.argv[1])
+spec = next(s for s in lazy_attention_specs(causal=(True, False), varlen=(False, True)) if s["id"] == sys.argv[1])
 k = compile_spec(spec)
 ptx = k.asm["ptx"]
 print(json.dumps({"id": spec["id"], "shared": int(k.metadata.shared), "small_copies": small_async_copies(ptx),
@@ -49,10 +50,19 @@ def _quick_ids() -> set[str]:
     return quick
 
 
+def _quick_varlen_ids() -> set[str]:
+    """The packed-document variant (lazy_attention_varlen) of each kernel's first bf16 config at head dim 128."""
+    first = {}
+    for s in lazy_attention_specs(head_dims=(128,), dtypes=(torch.bfloat16,), varlen=(True,)):
+        first.setdefault(s["group"], s["id"])
+    return set(first.values())
+
+
 def _params():
-    quick = _quick_ids()
-    slow_extra = {s["id"] for s in lazy_attention_specs(head_dims=(128,), dtypes=(torch.bfloat16,), causal=(False,))}
-    ids = [s["id"] for s in lazy_attention_specs()] + sorted(slow_extra)
+    quick = _quick_ids() | _quick_varlen_ids()
+    slow_extra = {s["id"] for s in lazy_attention_specs(head_dims=(128,), dtypes=(torch.bfloat16,), causal=(False,),
+                                                        varlen=(False, True))}
+    ids = [s["id"] for s in lazy_attention_specs(varlen=(False, True))] + sorted(slow_extra)
     return [pytest.param(i, id=i, marks=() if i in quick else pytest.mark.slow) for i in ids]
 
 

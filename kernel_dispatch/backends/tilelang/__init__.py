@@ -43,7 +43,8 @@ CAPABILITIES = {
 # attention forward and fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are
 # named in the notes (lazy attention: one fwd+bwd at L=32768 by 0.7%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there. KV-cache decode: Triton was faster at all seven
-# benchmarked shapes (H100, docs/benchmarks.md), so TileLang comes after it.
+# benchmarked shapes (H100, docs/benchmarks.md), so TileLang comes after it. lazy_attention_varlen runs the
+# lazy_attention kernels and takes their order (not yet timed on a GPU).
 PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 30, "lazy_attention_with_kvcache": 10, "mhc_pre": 30,
             "mhc_post": 30}
 

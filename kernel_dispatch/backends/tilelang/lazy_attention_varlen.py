@@ -36,10 +36,12 @@ def block_table(cu_seqlens: torch.Tensor, T: int, block: int, max_seqlen: int, r
     if reverse:
         pos = pos.flip(0)
     live = pos[:, None] < lens[None, :]  # [positions, documents]
-    idx = torch.nonzero_static(live, size=lens.shape[0] + _cdiv(T, block), fill_value=-1)
-    at, doc = idx[:, 0].clamp_min(0), idx[:, 1].clamp_min(0)
+    rows = lens.shape[0] + _cdiv(T, block)
+    idx = torch.nonzero_static(live, size=rows, fill_value=0)
+    at, doc = idx[:, 0], idx[:, 1]
     table = torch.stack([cu[doc], lens[doc], pos[at]], dim=1)
-    return torch.where(idx[:, :1] >= 0, table, 0).to(torch.int32).contiguous()
+    used = torch.arange(rows, device=cu.device) < live.sum()  # nonzero_static's rows past the count are fill
+    return torch.where(used[:, None], table, 0).to(torch.int32).contiguous()
 
 
 def inv_i(cu_seqlens: torch.Tensor, T: int, TP: int, causal: bool) -> torch.Tensor:
