@@ -80,6 +80,10 @@ def test_kvcache_kernel_builds_cubin_for_sm90a(build, toolkit, tmp_path, monkeyp
         assert "tma_load(K_desc" in src or "tma_load(Scores_desc" in src, f"{name}: no TMA load of K or the scores"
         assert "tma_load(V_desc" in src or name == "lse", f"{name}: no TMA load of V"
     assert not release_violations(src), f"{name}: " + "; ".join(release_violations(src))
+    if "warpgroup_reg_alloc<" in src:  # the consumers' own inputs are read by the consumer warpgroup
+        consumer_start = src.index("warpgroup_reg_alloc<")
+        early = [buf for buf in ("LsePart[", "Tau[", "Bias[") if -1 < src.find(buf) < consumer_start]
+        assert not early, f"{name}: {early} read outside the consumer branch (a fragment given the producer's threads)"
     assert not reads_before_arrival(src), f"{name}: " + "; ".join(reads_before_arrival(src))
     cubins = glob.glob(os.path.join(str(tmp_path), "**", "*.cubin"), recursive=True)
     assert len(cubins) == 1, f"{name}: expected one cubin under {tmp_path}, found {cubins}"
