@@ -51,6 +51,11 @@ def tiles_for(dtype: torch.dtype, rows: int) -> KVCacheTiles:
     return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
 
 
+def reduce_block_m(rows: int) -> int:
+    """Rows per program of the reduce kernel."""
+    return min(REDUCE_BLOCK_M, triton.next_power_of_2(rows))
+
+
 def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
     if q.dtype not in DTYPES:
         raise TypeError(f"q: triton lazy attention with a KV cache supports fp16, bf16 and fp32, got {q.dtype}")
@@ -113,7 +118,7 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
                              scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
                              *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
     if ns > 1:
-        bm = min(REDUCE_BLOCK_M, triton.next_power_of_2(R))
+        bm = reduce_block_m(R)
         kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm))](
             o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
             BLOCK_N=tiles.block_n, num_warps=4 if not INTERPRET else 1)
@@ -129,7 +134,7 @@ def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
     """Every kernel variant the launcher can run on CUDA, as arguments of ``_compile_check.compile_for_sm90``.
 
     Yields dicts: id, fn, signature, constexprs, num_warps, num_stages, divisible. ``rows``: the R = (H / Hkv) * Lq
-    values whose tiles to build (4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
+    values whose tiles to build (1: decode without GQA; 4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
     without kept scores and with and without the direct store; strides are typed as a contiguous launch
     specializes them (unit D strides constant, the others multiples of 16).
     """
@@ -140,7 +145,7 @@ def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
                 t = KVCacheTiles(max(16, min(t.block_m, triton.next_power_of_2(r))), t.block_n, t.num_warps,
                                  t.num_stages)
                 variants = [("lse", dict(KEEP=k)) for k in (True, False)]
-                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 64)) for k in (True, False)
+                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
                              for dr in (True, False)]
                 variants += [("reduce", {})]
                 for name, extra in variants:
@@ -161,7 +166,7 @@ def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
                             sig[arg] = "i32"
                             if arg.startswith("stride") and not arg.endswith("d"):
                                 div.append(arg)
-                    const = {k: v for k, v in arg_constants(fn, d, dt, t).items() if k in fn.arg_names}
+                    const = {k: v for k, v in arg_constants(fn, d, dt, t, r).items() if k in fn.arg_names}
                     const.update({k: v for k, v in extra.items() if k in fn.arg_names})
                     const.update({a: 1 for a in fn.arg_names if a.startswith("stride") and a.endswith("d")})
                     for a in const:
@@ -173,8 +178,9 @@ def sm90_compile_specs(head_dims=HEAD_DIMS, dtypes=DTYPES, rows=(4,)):
                            "num_stages": t.num_stages if name != "reduce" else 3, "divisible": div}
 
 
-def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles) -> dict:
-    """The constexpr arguments the launcher passes to ``fn`` on CUDA (besides KEEP, DIRECT and NS_POW2)."""
-    block_m = tiles.block_m if fn is not kvcache_reduce_kernel else REDUCE_BLOCK_M
+def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles, rows: int) -> dict:
+    """The constexpr arguments the launcher passes to ``fn`` on CUDA for R = ``rows`` (besides KEEP, DIRECT and
+    NS_POW2)."""
+    block_m = tiles.block_m if fn is not kvcache_reduce_kernel else reduce_block_m(rows)
     return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tiles.block_n, UPCAST=False,
                 PREC="ieee" if dtype == torch.float32 else "tf32")
