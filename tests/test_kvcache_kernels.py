@@ -239,4 +239,5 @@ def test_split_count_fills_the_gpu_from_shapes():
     assert num_splits(8, 1024, sms, POLICY) == 1024 // POLICY.min_keys
     assert num_splits(64 * 8, 4096, sms, POLICY) == 1
     assert num_splits(16 * 8, 32 * 1024, sms, POLICY) == POLICY.ctas_per_sm * sms // 128
+    assert num_splits(1, 1 << 20, sms, POLICY) == POLICY.max_splits
     assert keep_scores(4, 128, 2) and not keep_scores(256, 128, 2)  # decode keeps its scores, Lq = 64 re-reads K

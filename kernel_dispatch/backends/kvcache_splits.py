@@ -14,16 +14,18 @@ import torch
 
 @dataclass(frozen=True)
 class SplitPolicy:
-    """Programs for ``ctas_per_sm`` per SM in all (a memory-bound pass needs the whole GPU), and no split of a full
-    cache shorter than ``min_keys`` keys (a multiple of the kernels' key tile)."""
+    """Programs for ``ctas_per_sm`` per SM in all (a memory-bound pass needs the whole GPU), no split of a full
+    cache shorter than ``min_keys`` keys (a multiple of the kernels' key tile), and at most ``max_splits`` (the
+    output pass reads every split's partial LSE of its rows at once)."""
     ctas_per_sm: int
     min_keys: int
+    max_splits: int = 128
 
 
 def num_splits(programs: int, capacity: int, sms: int, policy: SplitPolicy) -> int:
     """Splits of each batch row's keys, given ``programs`` = B * Hkv * row blocks and the cache capacity S."""
     want = max(1, policy.ctas_per_sm * sms // max(programs, 1))
-    return max(1, min(want, -(-capacity // policy.min_keys)))
+    return max(1, min(want, -(-capacity // policy.min_keys), policy.max_splits))
 
 
 def keep_scores(rows: int, head_dim: int, elem_bytes: int) -> bool:

@@ -229,7 +229,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
     """Every kernel variant the KV-cache launcher can run on CUDA, as arguments of :func:`compile_sm90`.
 
     Yields dicts: id, fn, signature, constexprs, num_warps, num_stages, divisible. ``rows``: the R = (H / Hkv) * Lq
-    values whose tiles to build (4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
+    values whose tiles to build (1: decode without GQA; 4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
     without kept scores and with and without the direct store; strides are typed as a contiguous launch
     specializes them (unit D strides constant, the others multiples of 16).
     """
@@ -245,7 +245,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                 t = kv.KVCacheTiles(max(16, min(t.block_m, 1 << max(0, r - 1).bit_length())), t.block_n, t.num_warps,
                                  t.num_stages)
                 variants = [("lse", dict(KEEP=k)) for k in (True, False)]
-                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 64)) for k in (True, False)
+                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
                              for dr in (True, False)]
                 variants += [("reduce", {})]
                 for name, extra in variants:
@@ -266,7 +266,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                             sig[arg] = "i32"
                             if arg.startswith("stride") and not arg.endswith("d"):
                                 div.append(arg)
-                    const = {k: v for k, v in kv.arg_constants(fn, d, dt, t).items() if k in fn.arg_names}
+                    const = {k: v for k, v in kv.arg_constants(fn, d, dt, t, r).items() if k in fn.arg_names}
                     const.update({k: v for k, v in extra.items() if k in fn.arg_names})
                     const.update({a: 1 for a in fn.arg_names if a.startswith("stride") and a.endswith("d")})
                     for a in const:

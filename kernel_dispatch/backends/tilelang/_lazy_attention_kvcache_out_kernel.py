@@ -27,6 +27,7 @@ def build(head_dim: int, dtype: str, keep: bool, direct: bool, block_m: int, blo
     import tilelang.language as T
 
     D, BM, BN = head_dim, block_m, block_n
+    LANES = 8  # partial LSEs of one row loaded together
     f32 = "float32"
     B, Hkv, H, R, S, W, NS, BK, RP, SB, SR, SP, PS, PB, PR = T.dynamic(
         "B, Hkv, H, R, S, W, NS, BK, RP, SB, SR, SP, PS, PB, PR")
@@ -78,14 +79,23 @@ def build(head_dim: int, dtype: str, keep: bool, direct: bool, block_m: int, blo
             if not keep:
                 T.copy(Q[b, hk, r0:r0 + BM, :], Q_s)
             rows(pos, head, r0, R, lq, n_b, hk, H // Hkv)
+            # the partial LSEs of the non-empty splits, LANES loads in flight per row (no tile reduction here: a
+            # reduce before the warp-specialised loop gets the producer's threads, not the consumer's)
+            n_used = T.ceildiv(n_b, chunk)
             T.fill(lse_max, -T.infinity(f32))
             T.fill(lse_sum, 0)
-            for t in T.serial(T.ceildiv(n_b, chunk)):
-                for i in T.Parallel(BM):
-                    lse_max[i] = T.max(lse_max[i], LsePart[t, by, r0 + i])
-            for t in T.serial(T.ceildiv(n_b, chunk)):
-                for i in T.Parallel(BM):
-                    lse_sum[i] += T.exp2(LsePart[t, by, r0 + i] - lse_max[i])
+            for u in T.serial(T.ceildiv(n_used, LANES)):
+                for l in T.unroll(LANES):
+                    for i in T.Parallel(BM):
+                        lse_max[i] = T.max(lse_max[i], T.if_then_else(u * LANES + l < n_used,
+                                                                      LsePart[u * LANES + l, by, r0 + i],
+                                                                      -T.infinity(f32)))
+            for u in T.serial(T.ceildiv(n_used, LANES)):
+                for l in T.unroll(LANES):
+                    for i in T.Parallel(BM):
+                        lse_sum[i] += T.if_then_else(u * LANES + l < n_used,
+                                                     T.exp2(LsePart[u * LANES + l, by, r0 + i] - lse_max[i]),
+                                                     T.float32(0))
             for i in T.Parallel(BM):
                 lse2[i] = lse_max[i] + T.log2(lse_sum[i])
                 thr[i] = Tau[head[i]] / T.Cast(f32, pos[i] + 1)

@@ -152,15 +152,15 @@ def _final_lse(LSE_PART, bk, rr, n_used, stride_lp_s, stride_lp_bk, NS_POW2: tl.
 
 
 @triton.jit
-def _out_tiles(acc, q, k_base, v_base, sc_rows, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, pos, brow, W,
-               qk_scale, lse2, taui, BAND: tl.constexpr, KEEP: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, pos, brow,
+               W, qk_scale, lse2, taui, BAND: tl.constexpr, KEEP: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     """acc += relu(exp2(S - LSE2) + tau / i) @ V over key blocks [lo, hi) (BAND: re-masked, see the module doc)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
         offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
-        if KEEP:  # pass 1 stored whole tiles
-            s = tl.load(sc_rows + offs_n[None, :])
+        if KEEP:  # pass 1 stored whole tiles of the valid rows
+            s = tl.load(sc_rows + offs_n[None, :], mask=row_ok[:, None], other=float("-inf"))
         else:
             s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, BAND, HEAD_DIM,
                             UPCAST, PREC)
@@ -215,10 +215,10 @@ def kvcache_out_kernel(
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
     free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, stride_kn, stride_kd, stride_vn, stride_vd, lo, free_end, pos,
-                     brow, W, qk_scale, lse2, taui, False, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
-    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, stride_kn, stride_kd, stride_vn, stride_vd, free_end, hi, pos,
-                     brow, W, qk_scale, lse2, taui, True, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, free_end,
+                     pos, brow, W, qk_scale, lse2, taui, False, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, free_end, hi,
+                     pos, brow, W, qk_scale, lse2, taui, True, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
     if DIRECT:
         o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
                  + offs_d[None, :] * stride_od)

@@ -51,6 +51,11 @@ def tiles_for(dtype: torch.dtype, rows: int) -> KVCacheTiles:
     return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
 
 
+def reduce_block_m(rows: int) -> int:
+    """Rows per program of the reduce kernel."""
+    return min(REDUCE_BLOCK_M, triton.next_power_of_2(rows))
+
+
 def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
     if q.dtype not in DTYPES:
         raise TypeError(f"q: triton lazy attention with a KV cache supports fp16, bf16 and fp32, got {q.dtype}")
@@ -113,15 +118,16 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
                              scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
                              *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
     if ns > 1:
-        bm = min(REDUCE_BLOCK_M, triton.next_power_of_2(R))
+        bm = reduce_block_m(R)
         kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm))](
             o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
             BLOCK_N=tiles.block_n, num_warps=4 if not INTERPRET else 1)
     return o
 
 
-def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles) -> dict:
-    """The constexpr arguments the launcher passes to ``fn`` on CUDA (besides KEEP, DIRECT and NS_POW2)."""
-    block_m = tiles.block_m if fn is not kvcache_reduce_kernel else REDUCE_BLOCK_M
+def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles, rows: int) -> dict:
+    """The constexpr arguments the launcher passes to ``fn`` on CUDA for R = ``rows`` (besides KEEP, DIRECT and
+    NS_POW2)."""
+    block_m = tiles.block_m if fn is not kvcache_reduce_kernel else reduce_block_m(rows)
     return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tiles.block_n, UPCAST=False,
                 PREC="ieee" if dtype == torch.float32 else "tf32")
