@@ -260,7 +260,8 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                             sig[arg] = "*i32"
                         elif arg == "qk_scale":
                             sig[arg] = "fp32"
-                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "NS_POW2", "KEEP", "DIRECT", "UPCAST", "PREC"):
+                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BLOCK_D", "SPLIT_BLOCK", "NS_POW2", "KEEP", "DIRECT", "UPCAST",
+                                     "PREC"):
                             continue
                         else:
                             sig[arg] = "i32"

@@ -13,8 +13,8 @@ Three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
 - ``kvcache_out_kernel`` combines the partial LSEs of the row's non-empty splits into the final LSE, then
   accumulates relu(exp2(S - LSE) + tau / i) @ V over its keys, the scores read back (KEEP) or recomputed from K.
   It writes O itself when NS == 1 (DIRECT), else its fp32 partial -> O_PART [NS, B * Hkv, R, D].
-- ``kvcache_reduce_kernel`` (NS > 1): O = the sum of O_PART over the non-empty splits, in split order. The
-  output is a plain sum over keys (no renormalisation), so the partials need no rescaling.
+- ``kvcache_reduce_kernel`` (NS > 1): O = the sum of O_PART over the non-empty splits, blocks of splits loaded
+  at once. The output is a plain sum over keys (no renormalisation), so the partials need no rescaling.
 
 A split's leading key blocks that every row of the tile sees at distance >= W (``_free_end``) skip the bias and
 the masks; the rest gather the bias of each score from Bias [H, W] fp32 (contiguous rows) at a clamped distance.
@@ -233,19 +233,27 @@ def kvcache_reduce_kernel(
         O_PART, O, Seqlens,
         stride_op_s, stride_op_bk, stride_op_r, stride_ob, stride_oh, stride_om, stride_od,
         Hkv, G, LQ, R, NS,
-        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (B * Hkv, cdiv(R, BLOCK_M)): O = sum of O_PART over the non-empty splits (BLOCK_N: the passes' tile)."""
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        SPLIT_BLOCK: tl.constexpr):
+    """Grid (B * Hkv, cdiv(R, BLOCK_M), HEAD_DIM / BLOCK_D): O = the sum of O_PART over the non-empty splits
+    (BLOCK_N: the passes' tile). SPLIT_BLOCK partials are loaded at once and summed as a tree, the blocks in split
+    order: the loads of a block are in flight together (a decode step is latency-bound here), and the order of
+    the additions is fixed by the shapes, so reruns are bitwise equal."""
     bk = tl.program_id(0)
     b = bk // Hkv
     hk = bk - b * Hkv
     n_b = tl.load(Seqlens + b)
     _, _, chunk = _split_range(n_b, 0, NS, BLOCK_N)
+    n_used = tl.cdiv(n_b, chunk)
     offs_r, rr, h, j, _ = _row_block(tl.program_id(1) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    part = O_PART + bk * stride_op_bk + rr[:, None] * stride_op_r + offs_d[None, :]
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for split in range(0, tl.cdiv(n_b, chunk)):
-        acc += tl.load(part + split * stride_op_s)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, SPLIT_BLOCK)
+    part = O_PART + bk * stride_op_bk + rr[None, :, None] * stride_op_r + offs_d[None, None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, n_used, SPLIT_BLOCK):
+        split = s0 + offs_s
+        acc += tl.sum(tl.load(part + split[:, None, None] * stride_op_s, mask=(split < n_used)[:, None, None],
+                              other=0.0), 0)
     o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
              + offs_d[None, :] * stride_od)
     tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=(offs_r < R)[:, None])

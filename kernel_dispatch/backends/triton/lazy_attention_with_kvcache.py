@@ -42,11 +42,15 @@ POLICY = SplitPolicy(ctas_per_sm=4, min_keys=128)
 INTERPRET_POLICY = SplitPolicy(ctas_per_sm=4, min_keys=16)
 INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
 REDUCE_BLOCK_M = 16
+REDUCE_BLOCK_D = 32  # the reduce's programs also split the head dim: a decode step has few rows
+REDUCE_SPLIT_BLOCK = 16  # partials of that many splits loaded at once
 
 
-def tiles_for(dtype: torch.dtype, rows: int) -> KVCacheTiles:
-    """The tiles for ``rows`` = R = (H / Hkv) * Lq tile rows of one kv head (block_m cut down to fit R)."""
-    base = INTERPRET_TILES if INTERPRET else TILES["fp32" if dtype == torch.float32 else "half"]
+def tiles_for(dtype: torch.dtype, rows: int, base: KVCacheTiles | None = None) -> KVCacheTiles:
+    """The tiles for ``rows`` = R = (H / Hkv) * Lq tile rows of one kv head (block_m of ``base``, by default the
+    shipped tiles of ``dtype``, cut down to fit R)."""
+    if base is None:
+        base = INTERPRET_TILES if INTERPRET else TILES["fp32" if dtype == torch.float32 else "half"]
     bm = max(16, min(base.block_m, triton.next_power_of_2(rows)))
     return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
 
@@ -79,10 +83,12 @@ def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
 
 
 def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
-            keep: bool | None = None):
+            keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None):
     """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
 
-    ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path).
+    ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path);
+    ``tiles`` (its block_m cut down to R as :func:`tiles_for` does) and ``policy`` override ``TILES`` and ``POLICY``
+    (scripts/gpu_sweep_kvcache_decode.py measures the alternatives).
     """
     _check(q, k_cache, v_cache, bias, tau, seqlens_k)
     B, H, Lq, D = q.shape
@@ -90,9 +96,9 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     G = H // Hkv
     R = G * Lq
     dev = q.device
-    tiles = tiles_for(q.dtype, R)
+    tiles = tiles_for(q.dtype, R, tiles)
     m_blocks = triton.cdiv(R, tiles.block_m)
-    policy = INTERPRET_POLICY if INTERPRET else POLICY
+    policy = policy or (INTERPRET_POLICY if INTERPRET else POLICY)
     ns = splits if splits is not None else num_splits(B * Hkv * m_blocks, S, sm_count(dev, INTERPRET_SMS), policy)
     keep = keep_scores(R, D, q.element_size()) if keep is None else keep
     bias32 = bias.to(torch.float32).contiguous()
@@ -118,16 +124,18 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
                              scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
                              *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
     if ns > 1:
-        bm = reduce_block_m(R)
-        kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm))](
+        bm, bd = reduce_block_m(R), min(REDUCE_BLOCK_D, D)
+        kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm), D // bd)](
             o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
-            BLOCK_N=tiles.block_n, num_warps=4 if not INTERPRET else 1)
+            BLOCK_N=tiles.block_n, BLOCK_D=bd, SPLIT_BLOCK=REDUCE_SPLIT_BLOCK, num_warps=4 if not INTERPRET else 1)
     return o
 
 
 def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles, rows: int) -> dict:
     """The constexpr arguments the launcher passes to ``fn`` on CUDA for R = ``rows`` (besides KEEP, DIRECT and
     NS_POW2)."""
-    block_m = tiles.block_m if fn is not kvcache_reduce_kernel else reduce_block_m(rows)
-    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=tiles.block_n, UPCAST=False,
+    if fn is kvcache_reduce_kernel:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=reduce_block_m(rows), BLOCK_N=tiles.block_n,
+                    BLOCK_D=min(REDUCE_BLOCK_D, head_dim), SPLIT_BLOCK=REDUCE_SPLIT_BLOCK)
+    return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=False,
                 PREC="ieee" if dtype == torch.float32 else "tf32")
