@@ -3,11 +3,11 @@
     python scripts/gpu_sweep_kvcache_decode.py [--kv-shapes 1x4K,16x4K] [--json out.json]
 
 At each decode shape of the benchmark (bf16, H=32, Hkv=8, D=128, W=512, Lq=1, every row full) it times the shipped
-configuration (``TILES``, ``POLICY`` in kernel_dispatch/backends/triton/lazy_attention_with_kvcache.py), then every
-split policy (CTAs per SM x minimum keys per split) with the shipped tiles, then every tile (keys per step, warps,
-stages) with the best policy, each as a CUDA-graph replay with the L2 flushed (the benchmark's timer), and SDPA
-cuDNN on the same shape. Each configuration's output is compared with the shipped one's (max abs difference; the
-additions change order between splits, nothing else). Finally the device time of each kernel of the shipped and
+configuration (``TILES``, ``POLICY``, ``USE_PDL`` in kernel_dispatch/backends/triton/lazy_attention_with_kvcache.py),
+then every split policy x tile (keys per step, warps, stages) x programmatic dependent launch on or off of the lists
+below, each as a CUDA-graph replay with the L2 flushed (the benchmark's timer), and SDPA cuDNN on the same shape. Each
+configuration's output is compared with the shipped one's (max abs difference; the additions change order between
+splits, nothing else). Finally the device time of each kernel of the shipped and
 the best configurations under torch.profiler. Prints one table per shape.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from kernel_dispatch.backends.triton import lazy_attention_with_kvcache as kv
 from kernel_dispatch.benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
 from kernel_dispatch.ops import lazy_attention_with_kvcache_bench as bench
 
-POLICIES = [SplitPolicy(c, k) for c, k in itertools.product((1, 2, 4, 8), (64, 128, 256, 512))]
-TILES = [kv.KVCacheTiles(16, n, w, st) for n, w, st in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4))]
+POLICIES = [SplitPolicy(c, 128) for c in (1, 2, 4)]
+TILES = [kv.KVCacheTiles(64, n, w, st) for n, w, st in ((64, 4, 3), (64, 8, 3), (64, 8, 2), (128, 8, 2))]
 
 
 def kernel_us(fn, runs: int = 5) -> dict[str, float]:
@@ -79,13 +79,9 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001  a configuration that does not fit is a result too
                 rows.append((label, float("inf"), float("nan"), {"error": str(e)[:80]}))
 
-        for pol in POLICIES:
-            measure(f"policy {pol.ctas_per_sm}/SM min {pol.min_keys}", policy=pol)
-        best_pol = min((r for r in rows if "policy" in r[3]), key=lambda r: r[1])[3]["policy"]
-        for tl_ in TILES:
-            measure(f"tiles N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages} + best policy", policy=best_pol,
-                    tiles=tl_)
-        measure("best policy, keep=False", policy=best_pol, keep=False)
+        for pol, tl_, pdl in itertools.product(POLICIES, TILES, (False, True)):
+            measure(f"{pol.ctas_per_sm}/SM min {pol.min_keys}, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}"
+                    f"{', PDL' if pdl else ''}", policy=pol, tiles=tl_, pdl=pdl)
         best = min(rows, key=lambda r: r[1])
         sol_ms = bench.kv_bytes(s, torch.bfloat16) / (copy_gbps * 1e9) * 1e3
         print(f"\n== B={s.B} n={s.n}: cuDNN {cudnn * 1e3:.1f} us, speed of light {sol_ms * 1e3:.1f} us ==")

@@ -16,6 +16,10 @@ Three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
 - ``kvcache_reduce_kernel`` (NS > 1): O = the sum of O_PART over the non-empty splits, blocks of splits loaded
   at once. The output is a plain sum over keys (no renormalisation), so the partials need no rescaling.
 
+PDL (Hopper and later): pass 2 and the reduce are launched as programmatic dependents of the kernel before them
+(their programs start while it drains and wait, ``gdc_wait``, before reading what it wrote), which hides a launch and
+a tail per kernel boundary: a decode step is a few microseconds of each.
+
 A split's leading key blocks that every row of the tile sees at distance >= W (``_free_end``) skip the bias and
 the masks; the rest gather the bias of each score from Bias [H, W] fp32 (contiguous rows) at a clamped distance.
 """
@@ -106,8 +110,10 @@ def kvcache_lse_kernel(
         stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk,
         Hkv, G, LQ, R, W, NS, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr):
+        UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr = False):
     """Pass 1, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's partial LSE (log2) per row, and its scores (KEEP)."""
+    if PDL:  # pass 2 may be scheduled now; it waits for this grid's writes before reading them
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // Hkv
@@ -192,8 +198,11 @@ def kvcache_out_kernel(
         stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
         Hkv, G, LQ, R, W, NS, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
-        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr = False):
     """Pass 2, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's share of O (all of it when DIRECT)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // Hkv
@@ -203,6 +212,8 @@ def kvcache_out_kernel(
     offs_r, rr, h, j, pos = _row_block(tl.program_id(2) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
     row_ok = offs_r < R
     offs_d = tl.arange(0, HEAD_DIM)
+    if PDL:  # launched before pass 1 ended: its partial LSEs and scores are visible after the wait
+        tl.extra.cuda.gdc_wait()
     lse2 = _final_lse(LSE_PART, bk, rr, tl.cdiv(n_b, chunk), stride_lp_s, stride_lp_bk, NS_POW2)
     taui = tl.load(Tau + h) / (pos + 1).to(tl.float32)
     if KEEP:
@@ -234,7 +245,7 @@ def kvcache_reduce_kernel(
         stride_op_s, stride_op_bk, stride_op_r, stride_ob, stride_oh, stride_om, stride_od,
         Hkv, G, LQ, R, NS,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        SPLIT_BLOCK: tl.constexpr):
+        SPLIT_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B * Hkv, cdiv(R, BLOCK_M), HEAD_DIM / BLOCK_D): O = the sum of O_PART over the non-empty splits
     (BLOCK_N: the passes' tile). SPLIT_BLOCK partials are loaded at once and summed as a tree, the blocks in split
     order: the loads of a block are in flight together (a decode step is latency-bound here), and the order of
@@ -250,6 +261,8 @@ def kvcache_reduce_kernel(
     offs_s = tl.arange(0, SPLIT_BLOCK)
     part = O_PART + bk * stride_op_bk + rr[None, :, None] * stride_op_r + offs_d[None, None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     for s0 in range(0, n_used, SPLIT_BLOCK):
         split = s0 + offs_s
         acc += tl.sum(tl.load(part + split[:, None, None] * stride_op_s, mask=(split < n_used)[:, None, None],
