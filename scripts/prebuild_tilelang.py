@@ -91,15 +91,17 @@ def kvcache_jobs(D: int, dtype: torch.dtype) -> list[KernelJob]:
     return jobs
 
 
-def shape_classes() -> dict[str, list[tuple]]:
-    """{operator: [shape class]}: (head_dim, dtype, causal) for lazy_attention, (D, dtype) for mHC."""
-    mhc_d = sorted(set(MHC_TEST_D) | set(mhc_bench.DEFAULT["D"]))
+def shape_classes(mhc_d: tuple[int, ...] | None = None, dtypes: tuple = DTYPES) -> dict[str, list[tuple]]:
+    """{operator: [shape class]}: (head_dim, dtype, causal) for lazy_attention, (D, dtype) for mHC (``mhc_d``:
+    default every size of the tests and the benchmark), each in those of ``dtypes`` the operator's kernels take."""
+    mhc_d = mhc_d or sorted(set(MHC_TEST_D) | set(mhc_bench.DEFAULT["D"]))
+    half = [dt for dt in dtypes if dt in DTYPES]  # the attention kernels: fp16 and bf16 only
     return {
-        "lazy_attention": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in DTYPES for c in (True, False)],
-        "mhc_pre": [(D, dt) for D in mhc_d for dt in DTYPES],
-        "mhc_post": [(D, dt) for D in mhc_d for dt in DTYPES],
-        "lazy_attention_with_kvcache": [(D, dt) for D in (64, 128) for dt in DTYPES],
-        "lazy_attention_varlen": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in DTYPES for c in (True, False)],
+        "lazy_attention": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in half for c in (True, False)],
+        "mhc_pre": [(D, dt) for D in mhc_d for dt in dtypes],
+        "mhc_post": [(D, dt) for D in mhc_d for dt in dtypes],
+        "lazy_attention_with_kvcache": [(D, dt) for D in (64, 128) for dt in half],
+        "lazy_attention_varlen": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in half for c in (True, False)],
     }
 
 
@@ -113,13 +115,15 @@ def ceiling_jobs() -> list[KernelJob]:
     return [KernelJob(f"ceiling {name}", str(CEILING_TOOL), "build_variant", (name,)) for name in tool.VARIANTS]
 
 
-def all_jobs(sms: int = SMS, ceiling: bool = False, ops: tuple[str, ...] | None = None) -> list[KernelJob]:
-    """Every job of ``ops`` (default: all), each kernel once (kernels that do not depend on the dtype are shared)."""
+def all_jobs(sms: int = SMS, ceiling: bool = False, ops: tuple[str, ...] | None = None,
+             mhc_d: tuple[int, ...] | None = None, dtypes: tuple = DTYPES) -> list[KernelJob]:
+    """Every job of ``ops`` (default: all) at the shape classes of :func:`shape_classes`, each kernel once (kernels
+    that do not depend on the dtype are shared)."""
     makers = {"lazy_attention": attention_jobs, "mhc_pre": lambda D, dt: mhc_pre_jobs(D, dt, sms),
               "mhc_post": mhc_post_jobs, "lazy_attention_with_kvcache": kvcache_jobs,
               "lazy_attention_varlen": varlen_jobs}
     jobs: dict[tuple, KernelJob] = {}
-    for op, classes in shape_classes().items():
+    for op, classes in shape_classes(mhc_d, dtypes).items():
         if ops is not None and op not in ops:
             continue
         for cls in classes:
@@ -138,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="compiling processes (default: cores)")
     ap.add_argument("--sms", type=int, default=SMS, help="SM count of the GPU (default: %(default)s)")
     ap.add_argument("--ops", help="comma list of operators to build (default: every operator with TileLang kernels)")
-    ap.add_argument("--D", help="mHC feature sizes to build (comma list; default: every size of the tests, the "
-                               "benchmark and the GPU configs)")
+    ap.add_argument("--D", help="mHC feature sizes to build (comma list, any sizes; default: every size of the "
+                               "tests, the benchmark and the GPU configs)")
+    ap.add_argument("--dtypes", default="float16,bfloat16",
+                    help="dtypes to build, comma list of float16, bfloat16, float32 (default: %(default)s)")
     ap.add_argument("--ceiling", action="store_true", help="also the kernels of gpu_ceiling_tilelang_attention.py")
     ap.add_argument("--list", action="store_true", help="print the kernels and exit")
     args = ap.parse_args(argv)
@@ -149,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         unknown = set(ops) - set(shape_classes())
         if unknown:
             ap.error(f"--ops: unknown operators {sorted(unknown)}; valid: {', '.join(shape_classes())}")
-    jobs = all_jobs(args.sms, args.ceiling, ops)
-    if args.D:
-        keep = {f"D{d}" for d in args.D.split(",")}
-        jobs = [j for j in jobs if not j.label.startswith("mhc") or set(j.label.split()) & keep]
+    try:
+        dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
+        mhc_d = tuple(int(d) for d in args.D.split(",")) if args.D else None
+    except (AttributeError, ValueError) as e:
+        ap.error(f"--dtypes / --D: {e}")
+    jobs = all_jobs(args.sms, args.ceiling, ops, mhc_d, dtypes)
     if args.list:
         for job in jobs:
             print(job.label)
