@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import registry
+from . import _device_assert
 from ..declaration import RangeCheck
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -90,8 +91,9 @@ def check_values(checks: Sequence[RangeCheck]) -> None:
     nothing is read: the condition runs on the device as ``torch._assert_async``, inside the traced graph or the
     captured one, so it also holds for values written after tracing or capture, through ``.data`` included. A
     violation there is a RuntimeError with the same message on CPU, and on CUDA a device-side assert that
-    prints it (the CUDA context is then unusable, as after any device-side assert). Cost on CUDA: a few
-    one-element kernels per check, no synchronisation.
+    prints it (the CUDA context is then unusable, as after any device-side assert). Cost on CUDA: one small
+    kernel per check (:mod:`._device_assert`; a few one-element kernels under torch.compile, fused there), no
+    synchronisation.
     """
     for c in checks:
         if c.values.numel() == 0:
@@ -104,6 +106,9 @@ def check_values(checks: Sequence[RangeCheck]) -> None:
                 lo, hi = torch.stack(torch.aminmax(c.values)).tolist()
             if (c.low is not None and lo < c.low) or (c.high is not None and hi > c.high):
                 raise ValueError(f"{c.argument}: expected {c.expected}, got min {lo}, max {hi}")
+            continue
+        if _device_assert.available(c.values):
+            _device_assert.assert_in_range(c.values, c.low, c.high, f"{c.argument}: expected {c.expected}")
             continue
         lo, hi = torch.aminmax(c.values)
         ok = torch.ones((), dtype=torch.bool, device=c.values.device)

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from .. import registry
-from ..declaration import Fact, Operator, declare
-from ._frontend import (backend_pair, call_op, check_same_device, check_shape, check_tensor,
+from ..declaration import Fact, Operator, RangeCheck, declare
+from ._frontend import (backend_pair, call_op, check_same_device, check_shape, check_tensor, check_values,
                         fmt_shape)
 from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps, check_parameters
 
@@ -103,14 +103,16 @@ def check_cache_seqlens(cache_seqlens: Tensor, q_len: int, capacity: int, append
     """Every row's key count n_b (cache_seqlens[b], + Lq when new keys are appended) in [Lq, S].
 
     Eager: one device-to-host read, ValueError naming the argument. While compiling or capturing a CUDA graph
-    (a decode step) nothing may read the device: the same checks run on the device instead.
+    (a decode step) nothing may read the device: the same bounds are one device-side check
+    (:func:`~kernel_dispatch.ops._frontend.check_values`, one kernel in a captured step).
     """
     extra = q_len if appended else 0
     if torch.compiler.is_compiling() or (cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
-        n = cache_seqlens + extra
-        torch._assert_async((cache_seqlens >= 0).all(), "cache_seqlens: expected values >= 0")
-        torch._assert_async((n <= capacity).all(), "cache_seqlens: the keys overflow the cache capacity S")
-        torch._assert_async((n >= q_len).all(), "cache_seqlens: a row has fewer keys than queries (Lq > n_b)")
+        low, high = max(0, q_len - extra), capacity - extra
+        check_values([RangeCheck("cache_seqlens", cache_seqlens, low, high,
+                                 f"every value in [{low}, {high}]: values >= 0, and each row's keys (cached"
+                                 f"{' + Lq new' if extra else ''}) at least Lq = {q_len} and at most the cache "
+                                 f"capacity S = {capacity}")])
         return
     lo, hi = torch.stack(torch.aminmax(cache_seqlens)).tolist()
     if lo < 0:

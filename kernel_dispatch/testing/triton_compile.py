@@ -59,6 +59,8 @@ def compile_sm90(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any]
              if sig[name].startswith("*") or name in divisible}
     src = ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs)
     options = {"num_warps": int(num_warps), "num_stages": int(num_stages), "enable_fp_fusion": True}
+    if getattr(fn, "debug", None):  # what a launch passes for @triton.jit(debug=True): device asserts compiled in
+        options["debug"] = True
     return triton.compile(src, target=GPUTarget("cuda", int(arch), 32), options=options)
 
 
