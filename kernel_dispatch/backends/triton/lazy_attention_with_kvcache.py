@@ -17,7 +17,8 @@ import triton
 
 from ..kvcache_splits import SplitPolicy, keep_scores, num_splits, sm_count
 from ._lazy_attention_fwd import LOG2E
-from ._lazy_attention_kvcache import kvcache_lse_kernel, kvcache_out_kernel, kvcache_reduce_kernel
+from ._lazy_attention_kvcache import (kvcache_fused_kernel, kvcache_lse_kernel, kvcache_out_kernel,
+                                      kvcache_reduce_kernel)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -41,7 +42,7 @@ INTERPRET_TILES = KVCacheTiles(block_m=16, block_n=16, num_warps=1, num_stages=1
 POLICY = SplitPolicy(ctas_per_sm=2, min_keys=128)
 INTERPRET_POLICY = SplitPolicy(ctas_per_sm=4, min_keys=16)
 INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
-USE_PDL = False
+FUSED_SPLIT_BLOCK = {16: 16, 32: 8, 64: 4}  # the fused kernel's last program sums this many partials per load
 REDUCE_BLOCK_M = 16
 REDUCE_BLOCK_D = 32  # the reduce's programs also split the head dim: a decode step has few rows
 REDUCE_SPLIT_BLOCK = 16  # partials of that many splits loaded at once
@@ -83,19 +84,15 @@ def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
         raise ValueError(f"seqlens_k: expected int32 [B] = [{B}], got {seqlens_k.dtype} {tuple(seqlens_k.shape)}")
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA devices of compute capability 9.0 and later, not the interpreter."""
-    return USE_PDL and not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
             keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None,
-            pdl: bool | None = None):
+            fused: bool | None = None):
     """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
 
     ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path);
     ``tiles`` (its block_m cut down to R as :func:`tiles_for` does) and ``policy`` override ``TILES`` and ``POLICY``
-    (scripts/gpu_sweep_kvcache_decode.py measures the alternatives); ``pdl`` overrides :func:`pdl_supported`.
+    (scripts/gpu_sweep_kvcache_decode.py measures the alternatives). ``fused``: one kernel for both passes and the
+    reduce (default on CUDA; the interpreter, which runs programs one after another, runs the three kernels).
     """
     _check(q, k_cache, v_cache, bias, tau, seqlens_k)
     B, H, Lq, D = q.shape
@@ -121,23 +118,29 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
                  num_stages=tiles.num_stages)
-    pdl = pdl_supported(dev) if pdl is None else pdl
+    fused = (not INTERPRET) if fused is None else fused
     grid = (ns, B * Hkv, m_blocks)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
+    strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
+               scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3])
+    if fused:
+        sync = torch.zeros(B * Hkv * m_blocks, 2, dtype=torch.int32, device=dev)
+        kvcache_fused_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, sync,
+                                   *strides, *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1,
+                                   REDUCE_BLOCK_D=min(REDUCE_BLOCK_D, D),
+                                   SPLIT_BLOCK=FUSED_SPLIT_BLOCK[tiles.block_m],
+                                   launch_cooperative_grid=ns > 1 and not INTERPRET, **flags)
+        return o
     kvcache_lse_kernel[grid](q, k_cache, bias32, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
                              bias32.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
-                             lse_part.stride(1), *shape_args, PDL=pdl, **flags)
-    kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
-                             *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
-                             scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
-                             *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, PDL=pdl,
-                             launch_pdl=pdl, **flags)
+                             lse_part.stride(1), *shape_args, **flags)
+    kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *strides,
+                             *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
     if ns > 1:
         bm, bd = reduce_block_m(R), min(REDUCE_BLOCK_D, D)
         kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm), D // bd)](
             o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
-            BLOCK_N=tiles.block_n, BLOCK_D=bd, SPLIT_BLOCK=REDUCE_SPLIT_BLOCK, PDL=pdl, launch_pdl=pdl,
-            num_warps=4 if not INTERPRET else 1)
+            BLOCK_N=tiles.block_n, BLOCK_D=bd, SPLIT_BLOCK=REDUCE_SPLIT_BLOCK, num_warps=4 if not INTERPRET else 1)
     return o
 
 
