@@ -1,7 +1,8 @@
 """Capturing work that runs these ops in a CUDA graph (README, "Small shapes: capture the step in a CUDA graph").
 
 Every Triton and TileLang op launches on torch's current stream, allocates through the caching allocator and never
-waits for the device once warm, so a whole forward and backward can be captured and replayed.
+waits for the device once warm (but TileLang lazy_attention_varlen, which reads cu_seqlens on the host), so a whole
+forward and backward can be captured and replayed.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ Needs the package importable (``make install``, or ``PYTHONPATH=.`` from the rep
 flags); batch, sequence length and token count are symbolic. This builds:
 
 - lazy_attention: its five kernels at head dims 64 and 128, fp16 and bf16, causal and not (every shape class the
-  TileLang backend supports);
-- lazy_attention_varlen: the same five kernels in their packed-document form, at the same shape classes;
+  TileLang backend supports); lazy_attention_varlen runs these same kernels (one dense batch per document
+  length), so it needs nothing more;
 - mhc_pre, mhc_post: every kernel at each n = 4 feature size of the test cases, of the benchmark's default sweep
   and of the GPU training configs, fp16 and bf16, with the default hyper-parameters and the SM count of an H100
   SXM or H200 (132: the mHC pre backward's token splits depend on it; ``--sms`` for other cards);
@@ -55,14 +55,6 @@ def attention_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
                  (D, dt, causal, lazy_attention.CONFIGS[D][name])) for name in lazy_attention.FACTORIES]
 
 
-def varlen_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
-    """The same kernels with their varlen switch on (lazy_attention_varlen)."""
-    dt = lazy_attention.DTYPES[dtype]
-    return [_job(f"lazy_attention_varlen {name} d{D} {dt} {'causal' if causal else 'full'}",
-                 lazy_attention.FACTORIES[name], (D, dt, causal, lazy_attention.CONFIGS[D][name], True))
-            for name in lazy_attention.FACTORIES]
-
-
 def mhc_pre_jobs(D: int, dtype: torch.dtype, sms: int = SMS) -> list[KernelJob]:
     """Every kernel of TileLang mhc_pre (forward, backward, the residual path's dx) at feature size D."""
     specs = mhc_pre.kernel_specs(D, dtype, HP, sms)
@@ -101,7 +93,6 @@ def shape_classes(mhc_d: tuple[int, ...] | None = None, dtypes: tuple = DTYPES) 
         "mhc_pre": [(D, dt) for D in mhc_d for dt in dtypes],
         "mhc_post": [(D, dt) for D in mhc_d for dt in dtypes],
         "lazy_attention_with_kvcache": [(D, dt) for D in (64, 128) for dt in half],
-        "lazy_attention_varlen": [(D, dt, c) for D in lazy_attention.HEAD_DIMS for dt in half for c in (True, False)],
     }
 
 
@@ -120,8 +111,7 @@ def all_jobs(sms: int = SMS, ceiling: bool = False, ops: tuple[str, ...] | None 
     """Every job of ``ops`` (default: all) at the shape classes of :func:`shape_classes`, each kernel once (kernels
     that do not depend on the dtype are shared)."""
     makers = {"lazy_attention": attention_jobs, "mhc_pre": lambda D, dt: mhc_pre_jobs(D, dt, sms),
-              "mhc_post": mhc_post_jobs, "lazy_attention_with_kvcache": kvcache_jobs,
-              "lazy_attention_varlen": varlen_jobs}
+              "mhc_post": mhc_post_jobs, "lazy_attention_with_kvcache": kvcache_jobs}
     jobs: dict[tuple, KernelJob] = {}
     for op, classes in shape_classes(mhc_d, dtypes).items():
         if ops is not None and op not in ops:

@@ -6,6 +6,11 @@ Each document is section 1 with B = 1: this module runs :mod:`.lazy_attention` o
 one call per distinct document length (documents of equal length are one batch), so memory is
 O(sum of L_d^2), never O(T^2). O is returned in q's dtype, LSE as [H, T] in float32 (float64 for
 float64 q). dbias and dtau sum over documents.
+
+:func:`forward_by_length` and :func:`backward_by_length` are that per-length driver for any module with the
+dense signatures ``forward(q, k, v, bias, tau, scale, lengths, causal)`` and ``backward(do, q, k, v, bias, tau,
+o, lse, scale, lengths, causal)`` (the TileLang backend runs its dense kernels through them). They read
+cu_seqlens on the host.
 """
 from __future__ import annotations
 
@@ -32,32 +37,45 @@ def _dense(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return t[idx].transpose(1, 2)
 
 
-def forward(q, k, v, bias, tau, cu_seqlens, max_seqlen: int, scale: float, causal: bool):
-    """O [T, H, D] (q's dtype) and LSE [H, T] (float32, float64 for float64 q).
-
-    ``max_seqlen`` is part of the shared signature; this implementation reads the lengths from cu_seqlens.
-    """
+def forward_by_length(module, q, k, v, bias, tau, cu_seqlens, scale: float, causal: bool, lse_dtype: torch.dtype):
+    """O [T, H, D] (q's dtype, contiguous) and LSE [H, T] (``lse_dtype``): ``module.forward`` once per distinct
+    document length, on those documents as one dense batch [B_L, H, L, D] with lengths=None, in ascending length."""
     T, H, D = q.shape
-    o = torch.zeros_like(q)
-    lse = torch.zeros(H, T, dtype=compute_dtype(q), device=q.device)
+    o = q.new_zeros(q.shape)
+    lse = torch.zeros(H, T, dtype=lse_dtype, device=q.device)
     for idx in _groups(cu_seqlens):
-        o_g, lse_g = dense.forward(_dense(q, idx), _dense(k, idx), _dense(v, idx), bias, tau, scale, None, causal)
+        o_g, lse_g = module.forward(_dense(q, idx), _dense(k, idx), _dense(v, idx), bias, tau, scale, None, causal)
         o[idx] = o_g.transpose(1, 2)
         lse[:, idx] = lse_g.transpose(0, 1)
     return o, lse
 
 
-def backward(do, q, k, v, bias, tau, o, lse, cu_seqlens, max_seqlen: int, scale: float, causal: bool):
-    """(dq [T, H, D], dk, dv [T, Hkv, D], dbias [H, W], dtau [H]) in the dtypes of (q, k, v, bias, tau)."""
-    ct = compute_dtype(q)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dbias = torch.zeros(bias.shape, dtype=ct, device=q.device)
-    dtau = torch.zeros(tau.shape, dtype=ct, device=q.device)
+def backward_by_length(module, do, q, k, v, bias, tau, o, lse, cu_seqlens, scale: float, causal: bool,
+                       acc_dtype: torch.dtype):
+    """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau): ``module.backward`` once per
+    distinct document length, as :func:`forward_by_length` groups them; dbias and dtau sum over the lengths in
+    ascending order in ``acc_dtype``, then are cast (the same inputs give the same bits)."""
+    dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    dbias = torch.zeros(bias.shape, dtype=acc_dtype, device=q.device)
+    dtau = torch.zeros(tau.shape, dtype=acc_dtype, device=q.device)
     for idx in _groups(cu_seqlens):
-        grads = dense.backward(_dense(do, idx), _dense(q, idx), _dense(k, idx), _dense(v, idx), bias, tau,
-                               _dense(o, idx), lse[:, idx].transpose(0, 1), scale, None, causal)
+        grads = module.backward(_dense(do, idx), _dense(q, idx), _dense(k, idx), _dense(v, idx), bias, tau,
+                                _dense(o, idx), lse[:, idx].transpose(0, 1), scale, None, causal)
         for full, part in zip((dq, dk, dv), grads[:3]):
             full[idx] = part.transpose(1, 2)
-        dbias += grads[3].to(ct)
-        dtau += grads[4].to(ct)
+        dbias += grads[3].to(acc_dtype)
+        dtau += grads[4].to(acc_dtype)
     return dq, dk, dv, dbias.to(bias.dtype), dtau.to(tau.dtype)
+
+
+def forward(q, k, v, bias, tau, cu_seqlens, max_seqlen: int, scale: float, causal: bool):
+    """O [T, H, D] (q's dtype) and LSE [H, T] (float32, float64 for float64 q).
+
+    ``max_seqlen`` is part of the shared signature; this implementation reads the lengths from cu_seqlens.
+    """
+    return forward_by_length(dense, q, k, v, bias, tau, cu_seqlens, scale, causal, compute_dtype(q))
+
+
+def backward(do, q, k, v, bias, tau, o, lse, cu_seqlens, max_seqlen: int, scale: float, causal: bool):
+    """(dq [T, H, D], dk, dv [T, Hkv, D], dbias [H, W], dtau [H]) in the dtypes of (q, k, v, bias, tau)."""
+    return backward_by_length(dense, do, q, k, v, bias, tau, o, lse, cu_seqlens, scale, causal, compute_dtype(q))

@@ -1,8 +1,7 @@
 """Lowering every shipped TileLang kernel to CUDA source without a GPU (sm_90a).
 
 :func:`shipped_kernels` names each kernel factory call the launchers make (lazy attention at head dims 64 and
-128, fp16 and bf16, causal or not, with the launcher's tile configs, fixed-length and packed (varlen); the mHC
-kernels at a few feature sizes) and
+128, fp16 and bf16, causal or not, with the launcher's tile configs; the mHC kernels at a few feature sizes) and
 :func:`cuda_source` lowers one through TileLang's own pipeline (the pass configs of ``_build.compile_kernel``),
 without nvcc: the source equals ``compile_kernel(prim).get_kernel_source()``.
 """
@@ -34,14 +33,12 @@ def shipped_kernels() -> Iterator[tuple[str, Callable, tuple]]:
     from ..backends.tilelang import lazy_attention as la
     from ..backends.tilelang import mhc_post, mhc_pre
 
-    for varlen in (False, True):  # lazy_attention, then lazy_attention_varlen (ids ending in -varlen)
-        for D in la.HEAD_DIMS:
-            for dtype in la.DTYPES.values():
-                for name, factory in la.FACTORIES.items():
-                    for causal in ((True,) if name == "row_dot" else (True, False)):  # row_dot has no mask
-                        key = f"attn-{name}-{dtype}-d{D}-{'causal' if causal else 'full'}"
-                        yield (key + ("-varlen" if varlen else ""), factory,
-                               (D, dtype, causal, la.CONFIGS[D][name]) + ((True,) if varlen else ()))
+    for D in la.HEAD_DIMS:
+        for dtype in la.DTYPES.values():
+            for name, factory in la.FACTORIES.items():
+                for causal in ((True,) if name == "row_dot" else (True, False)):  # row_dot has no mask
+                    yield (f"attn-{name}-{dtype}-d{D}-{'causal' if causal else 'full'}", factory,
+                           (D, dtype, causal, la.CONFIGS[D][name]))
     seen = set()
     for D in MHC_DS:
         for dtype in (torch.bfloat16, torch.float16):

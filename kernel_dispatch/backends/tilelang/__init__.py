@@ -23,9 +23,10 @@ CAPABILITIES = {
                                          "30.51 ms; 30.72 vs 31.26 in the run before)"),
     "lazy_attention_varlen": VarlenCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
                                         head_dims=(64, 128),
-                                        notes="the lazy attention kernels over a block table of (document, block), "
-                                              "no padding; Hopper (sm_90a); fp32 and float64: no; non-contiguous "
-                                              "inputs are copied"),
+                                        notes="runs the lazy_attention kernels once per distinct document length "
+                                              "(documents of a length gathered into one dense batch, lengths=None, "
+                                              "scattered back); reads cu_seqlens on the host: not CUDA-graph "
+                                              "capturable; Hopper (sm_90a); fp32 and float64: no"),
     "lazy_attention_with_kvcache": KVCacheCaps(
         devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
         notes="Hopper (sm_90a) split-key decode: K by TMA once, partial LSEs, scores kept for the output pass when "
@@ -43,27 +44,24 @@ CAPABILITIES = {
 # attention forward and fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are
 # named in the notes (lazy attention: one fwd+bwd at L=32768 by 0.7%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there. KV-cache decode: Triton was faster at all seven
-# benchmarked shapes (H100, docs/benchmarks.md), so TileLang comes after it. lazy_attention_varlen runs the
-# lazy_attention kernels and takes their order (not yet timed on a GPU).
-PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 30, "lazy_attention_with_kvcache": 10, "mhc_pre": 30,
+# benchmarked shapes (H100, docs/benchmarks.md), so TileLang comes after it. lazy_attention_varlen: TileLang runs
+# one batch per distinct document length after a host read of cu_seqlens (no CUDA-graph capture); Triton's packed
+# kernels read nothing on the host and launch once, so auto takes Triton first.
+PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 10, "lazy_attention_with_kvcache": 10, "mhc_pre": 30,
             "mhc_post": 30}
 
 
-# Refused until fixed: on an H100 (torch 2.11, tilelang 0.1.15) these miss golden float64 by 0.1-0.5 relative
+# Refused until fixed: on an H100 (torch 2.11, tilelang 0.1.15) this misses golden float64 by 0.1-0.5 relative
 # (docs/gpu-verification.md, "Known wrong, refused"); auto falls back to Triton, an explicit choice raises.
 KNOWN_WRONG = {
     "lazy_attention": ("causal=False with lengths: dK/dV wrong at realistic sizes (B=2, H=16, L=2048, D=128, "
                        "lengths 2048/1501; tests/test_equivalence.py realistic_noncausal_lengths)"),
-    "lazy_attention_varlen": ("packed documents: wrong at realistic sizes (T=16384 in 8 documents, D=128; "
-                              "tests/test_equivalence.py realistic_d128)"),
 }
 
 
 def extra_reasons(op: str, meta: dict) -> list[str]:
     """Configurations whose kernels are known to give wrong results: a reason, never a wrong answer."""
     if op == "lazy_attention" and meta.get("causal") is False and meta.get("lengths"):
-        return [KNOWN_WRONG[op]]
-    if op == "lazy_attention_varlen":
         return [KNOWN_WRONG[op]]
     return []
 

@@ -18,18 +18,12 @@ LP >= L a multiple of ROW_ALIGN (rows of the TMA-loaded vectors must be 16-byte 
 Out: dK, dV [B, Hkv, L, D] in k's dtype; Partial [B, H, NKB, WP] fp32, zero-initialised,
 NKB = ceil(L / block_n), WP = min(W, L) (no distance reaches L). B, H, Hkv, L, LP, W, NKB, WP
 are symbolic.
-
-``varlen`` (packed documents, SPEC section 4): Q, dO [T, H, D]; K, V, dK, dV [T, Hkv, D]; LSE, Delta [H, TP] and
-InvI [TP] (TP >= T a multiple of ROW_ALIGN); Lens the block table [R, 3] of key blocks (see ``Packing``), grid
-(Hkv, R, 1); Partial [R, H, 1, WP], one row per (document, key block); dK, dV are written within each document
-only. T, TP and R are symbolic.
 """
 
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, Packing, Tiles, is_free_tile, mask_of, one_key_probs_macro, relu,
-                                    score_macro, store_rows_macro)
+from ._lazy_attention_tiles import LOG2E, Tiles, is_free_tile, mask_of, one_key_probs_macro, relu, score_macro
 
 ROW_ALIGN = 4  # LP, the row length of LSE, Delta and InvI, is a multiple of this (16 bytes of fp32)
 CONFIGS = {64: Tiles(block_m=64, block_n=128, threads=256, num_stages=2),
@@ -37,7 +31,7 @@ CONFIGS = {64: Tiles(block_m=64, block_n=128, threads=256, num_stages=2),
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = False):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The dK/dV ``T.prim_func`` (block_m queries x block_n keys per tile); parameters: Q, K, V, dO,
     Bias, Tau, Lens, LSE, Delta, InvI, dK, dV, Partial, scale."""
     import_tilelang()
@@ -46,34 +40,28 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
     D, BM, BN, NS, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     assert BM % 2 == 0, "block_m must be even"
     f32 = "float32"
-    B, H, Hkv, L, LP, W, NKB, WP, TT, R = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP, TT, R")
+    B, H, Hkv, L, LP, W, NKB, WP = T.dynamic("B, H, Hkv, L, LP, W, NKB, WP")
     scores = score_macro(BN, BM, causal, transposed=True, mask_rows=True)
     one_key_probs = one_key_probs_macro(BN, BM, causal)
-    pk = Packing(varlen)
-    tile, vec, grid_b, grid_k = pk.tile, pk.vec, *pk.grid(B, L, R, BN)
-    q_shape, k_shape = ([TT, H, D], [TT, Hkv, D]) if varlen else ([B, H, L, D], [B, Hkv, L, D])
-    lens_shape, row_shape, inv_shape = ([R, 3], [H, LP], [LP]) if varlen else ([B], [B, H, LP], [B, LP])
-    part_shape = [R, H, 1, WP] if varlen else [B, H, NKB, WP]
-    store_rows = store_rows_macro(BN, D)
 
     @T.prim_func
     def lazy_attention_bwd_dkdv(
-        Q: T.Tensor(q_shape, dtype),
-        K: T.Tensor(k_shape, dtype),
-        V: T.Tensor(k_shape, dtype),
-        dO: T.Tensor(q_shape, dtype),
+        Q: T.Tensor([B, H, L, D], dtype),
+        K: T.Tensor([B, Hkv, L, D], dtype),
+        V: T.Tensor([B, Hkv, L, D], dtype),
+        dO: T.Tensor([B, H, L, D], dtype),
         Bias: T.Tensor([H, W], f32),
         Tau: T.Tensor([H], f32),
-        Lens: T.Tensor(lens_shape, "int32"),
-        LSE: T.Tensor(row_shape, f32),
-        Delta: T.Tensor(row_shape, f32),
-        InvI: T.Tensor(inv_shape, f32),
-        dK: T.Tensor(k_shape, dtype),
-        dV: T.Tensor(k_shape, dtype),
-        Partial: T.Tensor(part_shape, f32),
+        Lens: T.Tensor([B], "int32"),
+        LSE: T.Tensor([B, H, LP], f32),
+        Delta: T.Tensor([B, H, LP], f32),
+        InvI: T.Tensor([B, LP], f32),
+        dK: T.Tensor([B, Hkv, L, D], dtype),
+        dV: T.Tensor([B, Hkv, L, D], dtype),
+        Partial: T.Tensor([B, H, NKB, WP], f32),
         scale: T.float32,
     ):
-        with T.Kernel(Hkv, grid_b, grid_k, threads=NS) as (by, bz, bx):
+        with T.Kernel(Hkv, B, T.ceildiv(L, BN), threads=NS) as (by, bz, bx):
             K_s = T.alloc_shared([BN, D], dtype)
             V_s = T.alloc_shared([BN, D], dtype)
             Q_s = T.alloc_shared([BM, D], dtype)
@@ -102,28 +90,26 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             t_hi = T.alloc_var(T.int32)
             t_base = T.alloc_var(T.int32)
 
-            # key block slowest in the grid (packed: first in the block table): causal, the blocks with the most
-            # queries start first
-            n0 = pk.first(Lens, bz, bx * BN)
+            n0 = bx * BN  # key block slowest in the grid: causal, the blocks with the most queries start first
             groups = H // Hkv
-            lb = pk.length(Lens, bz)
+            lb = Lens[bz]
             sc2 = scale * LOG2E
             q_lo = T.floordiv(n0, BM) if causal else 0  # first query block that sees these keys
             n_q = T.if_then_else(n0 < lb, T.max(T.ceildiv(lb, BM) - q_lo, 0), 0)
             n_q1 = T.max(n_q, 1)
 
-            T.copy(tile(K, Lens, bz, by, n0, n0 + BN), K_s)
-            T.copy(tile(V, Lens, bz, by, n0, n0 + BN), V_s)
+            T.copy(K[bz, by, n0:n0 + BN, :], K_s)
+            T.copy(V[bz, by, n0:n0 + BN, :], V_s)
             T.clear(acc_dk)
             T.clear(acc_dv)
             for it in T.Pipelined(groups * n_q, num_stages=num_stages):
                 h = by * groups + it // n_q1
                 m0 = (q_lo + it % n_q1) * BM
-                T.copy(tile(Q, Lens, bz, h, m0, m0 + BM), Q_s)
-                T.copy(tile(dO, Lens, bz, h, m0, m0 + BM), dO_s)
-                T.copy(vec(LSE, Lens, bz, h, m0, m0 + BM), lse_s)
-                T.copy(vec(Delta, Lens, bz, h, m0, m0 + BM), delta_s)
-                T.copy(vec(InvI, Lens, bz, None, m0, m0 + BM), inv_s)
+                T.copy(Q[bz, h, m0:m0 + BM, :], Q_s)
+                T.copy(dO[bz, h, m0:m0 + BM, :], dO_s)
+                T.copy(LSE[bz, h, m0:m0 + BM], lse_s)
+                T.copy(Delta[bz, h, m0:m0 + BM], delta_s)
+                T.copy(InvI[bz, m0:m0 + BM], inv_s)
                 # the head and query offset as scalars: per-element index math must not redo it // n_q1
                 hv = h
                 m0v = m0
@@ -206,11 +192,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             # K and V are no longer read: their tiles stage dK and dV for TMA stores
             T.copy(acc_dk, K_s)
             T.copy(acc_dv, V_s)
-            if varlen:
-                store_rows(dK, K_s, Lens, bz, by, n0, lb)
-                store_rows(dV, V_s, Lens, bz, by, n0, lb)
-            else:
-                T.copy(K_s, dK[bz, by, n0:n0 + BN, :])
-                T.copy(V_s, dV[bz, by, n0:n0 + BN, :])
+            T.copy(K_s, dK[bz, by, n0:n0 + BN, :])
+            T.copy(V_s, dV[bz, by, n0:n0 + BN, :])
 
     return lazy_attention_bwd_dkdv

@@ -19,18 +19,13 @@ would leave a rounding of (tau dA) k, get dQ = 0 exactly.
 Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H] fp32;
 Lens [B] int32; LSE, D0 [B, H, LP] fp32 (LP >= L). Out: Delta, Rdiv [B, H, LP] fp32 (columns >= L untouched),
 dQ [B, H, L, D] in q's dtype. B, H, Hkv, L, LP, W are symbolic.
-
-``varlen`` (packed documents, SPEC section 4): Q, dO, dQ [T, H, D], K, V [T, Hkv, D], LSE, D0, Delta, Rdiv [H, TP]
-(TP >= T), Lens the block table [R, 3] (see ``Packing``), grid (H, R, 1); rows are written within each document
-only. T, TP and R are symbolic.
 """
 
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, Packing, Tiles, distance_table_macro, distance_table_size, is_free_tile,
-                                    is_one_key_row, key_blocks, mask_of, one_key_rows_macro, row_block, score_macro,
-                                    store_rows_macro, store_vec_macro)
+from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    is_one_key_row, key_blocks, mask_of, one_key_rows_macro, row_block, score_macro)
 
 # 64-key tiles keep the two fp32 accumulators (X, Y) in registers
 CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
@@ -38,7 +33,7 @@ CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = False):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The fused dQ + row-pass ``T.prim_func``; parameters: Q, K, V, dO, Bias, Tau, Lens, LSE, D0, Delta,
     Rdiv, dQ, scale."""
     import_tilelang()
@@ -46,33 +41,28 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
 
     D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
-    B, H, Hkv, L, LP, W, TT, R = T.dynamic("B, H, Hkv, L, LP, W, TT, R")
+    B, H, Hkv, L, LP, W = T.dynamic("B, H, Hkv, L, LP, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
     fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
-    pk = Packing(varlen)
-    tile, vec, grid_b, grid_m = pk.tile, pk.vec, *pk.grid(B, L, R, BM)
-    q_shape, k_shape = ([TT, H, D], [TT, Hkv, D]) if varlen else ([B, H, L, D], [B, Hkv, L, D])
-    lens_shape, row_shape = ([R, 3], [H, LP]) if varlen else ([B], [B, H, LP])
-    store_rows, store_vec = store_rows_macro(BM, D), store_vec_macro(BM)
 
     @T.prim_func
     def lazy_attention_bwd_dq_delta(
-        Q: T.Tensor(q_shape, dtype),
-        K: T.Tensor(k_shape, dtype),
-        V: T.Tensor(k_shape, dtype),
-        dO: T.Tensor(q_shape, dtype),
+        Q: T.Tensor([B, H, L, D], dtype),
+        K: T.Tensor([B, Hkv, L, D], dtype),
+        V: T.Tensor([B, Hkv, L, D], dtype),
+        dO: T.Tensor([B, H, L, D], dtype),
         Bias: T.Tensor([H, W], f32),
         Tau: T.Tensor([H], f32),
-        Lens: T.Tensor(lens_shape, "int32"),
-        LSE: T.Tensor(row_shape, f32),
-        D0: T.Tensor(row_shape, f32),
-        Delta: T.Tensor(row_shape, f32),
-        Rdiv: T.Tensor(row_shape, f32),
-        dQ: T.Tensor(q_shape, dtype),
+        Lens: T.Tensor([B], "int32"),
+        LSE: T.Tensor([B, H, LP], f32),
+        D0: T.Tensor([B, H, LP], f32),
+        Delta: T.Tensor([B, H, LP], f32),
+        Rdiv: T.Tensor([B, H, LP], f32),
+        dQ: T.Tensor([B, H, L, D], dtype),
         scale: T.float32,
     ):
-        with T.Kernel(H, grid_b, grid_m, threads=threads) as (by, bz, bx):
+        with T.Kernel(H, B, T.ceildiv(L, BM), threads=threads) as (by, bz, bx):
             Q_s = T.alloc_shared([BM, D], dtype)
             dO_s = T.alloc_shared([BM, D], dtype)
             K_s = T.alloc_shared([BN, D], dtype)
@@ -94,16 +84,16 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             tmp = T.alloc_fragment([BM], f32)
 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
-            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal, pk)
+            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal)
             tau = Tau[by]
             sc2 = scale * LOG2E
             n_blocks = key_blocks(m0, lb, BM, BN, causal)
 
-            T.copy(tile(Q, Lens, bz, by, m0, m0 + BM), Q_s)
+            T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
             fill_table(table, Bias, by)
-            T.copy(tile(dO, Lens, bz, by, m0, m0 + BM), dO_s)
-            T.copy(vec(LSE, Lens, bz, by, m0, m0 + BM), lse2)
-            T.copy(vec(D0, Lens, bz, by, m0, m0 + BM), d0)
+            T.copy(dO[bz, by, m0:m0 + BM, :], dO_s)
+            T.copy(LSE[bz, by, m0:m0 + BM], lse2)
+            T.copy(D0[bz, by, m0:m0 + BM], d0)
             for i in T.Parallel(BM):
                 lse2[i] = lse2[i] * LOG2E
                 inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
@@ -114,8 +104,8 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             T.clear(acc_x)
             T.clear(acc_y)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
-                T.copy(tile(K, Lens, bz, hk, k * BN, (k + 1) * BN), K_s)
-                T.copy(tile(V, Lens, bz, hk, k * BN, (k + 1) * BN), V_s)
+                T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
+                T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
@@ -148,16 +138,9 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                 acc_x[i, j] = T.if_then_else(one, T.float32(0), (acc_x[i, j] - (d_acc[i] - d0[i]) * acc_y[i, j]) * scale)
             for i in T.Parallel(BM):
                 r_acc[i] = r_acc[i] * inv_i[i]
-            if varlen:
-                store_vec(Delta, d_acc, Lens, bz, by, m0, lb)
-                store_vec(Rdiv, r_acc, Lens, bz, by, m0, lb)
-            else:
-                T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
-                T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
+            T.copy(d_acc, Delta[bz, by, m0:m0 + BM])
+            T.copy(r_acc, Rdiv[bz, by, m0:m0 + BM])
             T.copy(acc_x, Q_s)  # Q is no longer read: its tile stages dQ for one TMA store
-            if varlen:
-                store_rows(dQ, Q_s, Lens, bz, by, m0, lb)
-            else:
-                T.copy(Q_s, dQ[bz, by, m0:m0 + BM, :])
+            T.copy(Q_s, dQ[bz, by, m0:m0 + BM, :])
 
     return lazy_attention_bwd_dq_delta

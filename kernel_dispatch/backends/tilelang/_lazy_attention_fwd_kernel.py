@@ -9,52 +9,44 @@ fully padded query blocks skip the sweep.
 Layout: Q [B, H, L, D], K/V [B, Hkv, L, D] contiguous, fp16/bf16; Bias [H, W], Tau [H] fp32;
 Lens [B] int32; LSE [B, H, L] fp32 (natural log). Out: O [B, H, L, D] in q's dtype.
 B, H, Hkv, L, W are symbolic.
-
-``varlen`` (packed documents, SPEC section 4): Q, O [T, H, D], K/V [T, Hkv, D], LSE [H, T], Lens the block table
-[R, 3] (see ``Packing``), grid (H, R, 1); O is written row by row within each document. T and R are symbolic.
 """
 
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LOG2E, Packing, Tiles, distance_table_macro, distance_table_size, is_free_tile,
-                                    key_blocks, one_key_rows_macro, row_block, score_macro, store_rows_macro)
+from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    key_blocks, one_key_rows_macro, row_block, score_macro)
 
 CONFIGS = {64: Tiles(block_m=128, block_n=128, threads=256, num_stages=2),
            128: Tiles(block_m=128, block_n=128, threads=256, num_stages=2)}
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = False):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The output ``T.prim_func``; parameters in order: Q, K, V, Bias, Tau, Lens, LSE, O, scale."""
     import_tilelang()
     import tilelang.language as T
 
     D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
-    B, H, Hkv, L, W, TT, R = T.dynamic("B, H, Hkv, L, W, TT, R")
+    B, H, Hkv, L, W = T.dynamic("B, H, Hkv, L, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)
     fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
-    pk = Packing(varlen)
-    tile, vec, rows_end, grid_b, grid_m = pk.tile, pk.vec, pk.rows_end, *pk.grid(B, L, R, BM)
-    q_shape, k_shape = ([TT, H, D], [TT, Hkv, D]) if varlen else ([B, H, L, D], [B, Hkv, L, D])
-    lens_shape, lse_shape = ([R, 3], [H, TT]) if varlen else ([B], [B, H, L])
-    store_o = store_rows_macro(BM, D)
 
     @T.prim_func
     def lazy_attention_fwd(
-        Q: T.Tensor(q_shape, dtype),
-        K: T.Tensor(k_shape, dtype),
-        V: T.Tensor(k_shape, dtype),
+        Q: T.Tensor([B, H, L, D], dtype),
+        K: T.Tensor([B, Hkv, L, D], dtype),
+        V: T.Tensor([B, Hkv, L, D], dtype),
         Bias: T.Tensor([H, W], f32),
         Tau: T.Tensor([H], f32),
-        Lens: T.Tensor(lens_shape, "int32"),
-        LSE: T.Tensor(lse_shape, f32),
-        O: T.Tensor(q_shape, dtype),
+        Lens: T.Tensor([B], "int32"),
+        LSE: T.Tensor([B, H, L], f32),
+        O: T.Tensor([B, H, L, D], dtype),
         scale: T.float32,
     ):
-        with T.Kernel(H, grid_b, grid_m, threads=threads) as (by, bz, bx):
+        with T.Kernel(H, B, T.ceildiv(L, BM), threads=threads) as (by, bz, bx):
             Q_s = T.alloc_shared([BM, D], dtype)
             K_s = T.alloc_shared([BN, D], dtype)
             V_s = T.alloc_shared([BN, D], dtype)
@@ -66,22 +58,22 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             tmp = T.alloc_fragment([BM], f32)
 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
-            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal, pk)
+            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal)
             tau = Tau[by]
             sc2 = scale * LOG2E
             n_blocks = key_blocks(m0, lb, BM, BN, causal)
 
-            T.copy(tile(Q, Lens, bz, by, m0, m0 + BM), Q_s)
+            T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
             fill_table(table, Bias, by)
-            T.copy(vec(LSE, Lens, bz, by, m0, m0 + BM), lse2)
+            T.copy(LSE[bz, by, m0:m0 + BM], lse2)
             for i in T.Parallel(BM):
                 # rows past L (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
-                lse2[i] = T.if_then_else(m0 + i < rows_end(L, lb), lse2[i] * LOG2E, T.infinity(f32))
+                lse2[i] = T.if_then_else(m0 + i < L, lse2[i] * LOG2E, T.infinity(f32))
                 thr[i] = tau / T.Cast(f32, (m0 + i + 1) if causal else lb)
             T.clear(acc_o)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
-                T.copy(tile(K, Lens, bz, hk, k * BN, (k + 1) * BN), K_s)
-                T.copy(tile(V, Lens, bz, hk, k * BN, (k + 1) * BN), V_s)
+                T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
+                T.copy(V[bz, hk, k * BN:(k + 1) * BN, :], V_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, False):
                     # nothing to mask: the scale folds into the exponent's FMA
@@ -102,9 +94,6 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                 acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
             # Q is no longer read: its tile stages O for one TMA store
             T.copy(acc_o, Q_s)
-            if varlen:
-                store_o(O, Q_s, Lens, bz, by, m0, lb)
-            else:
-                T.copy(Q_s, O[bz, by, m0:m0 + BM, :])
+            T.copy(Q_s, O[bz, by, m0:m0 + BM, :])
 
     return lazy_attention_fwd

@@ -8,16 +8,13 @@ that the CTA fills once (``distance_table_macro``, the four row-major kernels al
 Layout: Q [B, H, L, D], K [B, Hkv, L, D] contiguous, fp16/bf16; Bias [H, W] fp32; Lens [B]
 int32 (L without padding). Out: LSE [B, H, L] fp32, natural log; rows past lengths[b] get the
 log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are symbolic.
-
-``varlen`` (packed documents, SPEC section 4): Q [T, H, D], K [T, Hkv, D], Lens the block table [R, 3] (see
-``Packing``), grid (H, R, 1); out: LSE [H, T], rows of each document only. T and R are symbolic.
 """
 
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LN2, LOG2E, Packing, Tiles, distance_table_macro, distance_table_size,
-                                    is_free_tile, key_end, row_block, score_macro, store_vec_macro)
+from ._lazy_attention_tiles import (LN2, LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
+                                    key_end, row_block, score_macro)
 
 # 256 queries per CTA: four consumer warpgroups
 CONFIGS = {64: Tiles(block_m=256, block_n=128, threads=512, num_stages=2),
@@ -25,32 +22,27 @@ CONFIGS = {64: Tiles(block_m=256, block_n=128, threads=512, num_stages=2),
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = False):
+def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
     """The LSE ``T.prim_func``; parameters in order: Q, K, Bias, Lens, LSE, scale (fp32 scalar)."""
     import_tilelang()
     import tilelang.language as T
 
     D, BM, BN, threads, num_stages = head_dim, tiles.block_m, tiles.block_n, tiles.threads, tiles.num_stages
     f32 = "float32"
-    B, H, Hkv, L, W, TT, R = T.dynamic("B, H, Hkv, L, W, TT, R")
+    B, H, Hkv, L, W = T.dynamic("B, H, Hkv, L, W")
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)
     fill_table = distance_table_macro(BM, BN, causal)
-    pk = Packing(varlen)
-    tile, grid_b, grid_m = pk.tile, *pk.grid(B, L, R, BM)
-    q_shape, k_shape = ([TT, H, D], [TT, Hkv, D]) if varlen else ([B, H, L, D], [B, Hkv, L, D])
-    lens_shape, lse_shape = ([R, 3], [H, TT]) if varlen else ([B], [B, H, L])
-    store_lse = store_vec_macro(BM)
 
     @T.prim_func
     def lazy_attention_lse(
-        Q: T.Tensor(q_shape, dtype),
-        K: T.Tensor(k_shape, dtype),
+        Q: T.Tensor([B, H, L, D], dtype),
+        K: T.Tensor([B, Hkv, L, D], dtype),
         Bias: T.Tensor([H, W], f32),
-        Lens: T.Tensor(lens_shape, "int32"),
-        LSE: T.Tensor(lse_shape, f32),
+        Lens: T.Tensor([B], "int32"),
+        LSE: T.Tensor([B, H, L], f32),
         scale: T.float32,
     ):
-        with T.Kernel(H, grid_b, grid_m, threads=threads) as (by, bz, bx):
+        with T.Kernel(H, B, T.ceildiv(L, BM), threads=threads) as (by, bz, bx):
             Q_s = T.alloc_shared([BM, D], dtype)
             K_s = T.alloc_shared([BN, D], dtype)
             s = T.alloc_fragment([BM, BN], f32)
@@ -60,15 +52,15 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             denom = T.alloc_fragment([BM], f32)
 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
-            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal, pk)
+            m0, hk, lb = row_block(bx, by, bz, L, H, Hkv, Lens, BM, causal)
             sc2 = scale * LOG2E
 
-            T.copy(tile(Q, Lens, bz, by, m0, m0 + BM), Q_s)
+            T.copy(Q[bz, by, m0:m0 + BM, :], Q_s)
             fill_table(table, Bias, by)
             T.fill(row_max, -T.infinity(f32))
             T.fill(denom, 0)
             for k in T.Pipelined(T.ceildiv(key_end(m0, lb, BM, causal), BN), num_stages=num_stages):
-                T.copy(tile(K, Lens, bz, hk, k * BN, (k + 1) * BN), K_s)
+                T.copy(K[bz, hk, k * BN:(k + 1) * BN, :], K_s)
                 T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(row_max, row_max_prev)
                 if T.And(is_free_tile(m0, k * BN, BM, BN, lb, W, False), sc2 > 0):
@@ -88,9 +80,6 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                     denom[i] = denom[i] * T.exp2(row_max_prev[i] - row_max[i]) + row_sum[i]
             for i in T.Parallel(BM):
                 row_sum[i] = (T.log2(denom[i]) + row_max[i]) * LN2
-            if varlen:
-                store_lse(LSE, row_sum, Lens, bz, by, m0, lb)
-            else:
-                T.copy(row_sum, LSE[bz, by, m0:m0 + BM])
+            T.copy(row_sum, LSE[bz, by, m0:m0 + BM])
 
     return lazy_attention_lse

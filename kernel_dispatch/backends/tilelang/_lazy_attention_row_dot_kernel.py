@@ -5,9 +5,6 @@ fp32 and reduces each row in a fixed order; it reads 2 * L * D values per (b, h)
 
 Layout: dO, O [B, H, L, D] contiguous fp16/bf16. Out: D0 [B, H, LP] fp32, LP >= L; columns >= L untouched.
 B, H, L, LP are symbolic.
-
-``varlen`` (packed documents, SPEC section 4): dO, O [T, H, D]; out: D0 [H, TP], TP >= T (columns >= T untouched);
-the rows are tokens, whatever their documents. T and TP are symbolic.
 """
 import functools
 from dataclasses import dataclass
@@ -27,7 +24,7 @@ CONFIGS = {64: RowTiles(block_rows=32, threads=128), 128: RowTiles(block_rows=32
 
 
 @functools.lru_cache(maxsize=None)
-def build(head_dim: int, dtype: str, causal: bool, tiles: RowTiles, varlen: bool = False):
+def build(head_dim: int, dtype: str, causal: bool, tiles: RowTiles):
     """The row-dot ``T.prim_func``; parameters: dO, O, D0. ``causal`` does not change it (the factories'
     common signature)."""
     import_tilelang()
@@ -35,32 +32,22 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: RowTiles, varlen: bool
 
     D, BR, threads, f32 = head_dim, tiles.block_rows, tiles.threads, "float32"
     B, H, L, LP = T.dynamic("B, H, L, LP")
-    # packed: L is the token count T, LP its padded length TP, and the grid has one batch
-    grid_b = 1 if varlen else B
-    x_shape, d0_shape = ([L, H, D], [H, LP]) if varlen else ([B, H, L, D], [B, H, LP])
 
     @T.prim_func
-    def lazy_attention_row_dot(dO: T.Tensor(x_shape, dtype), O: T.Tensor(x_shape, dtype),
-                               D0: T.Tensor(d0_shape, f32)):
-        with T.Kernel(T.ceildiv(L, BR), H, grid_b, threads=threads) as (bx, by, bz):
+    def lazy_attention_row_dot(dO: T.Tensor([B, H, L, D], dtype), O: T.Tensor([B, H, L, D], dtype),
+                               D0: T.Tensor([B, H, LP], f32)):
+        with T.Kernel(T.ceildiv(L, BR), H, B, threads=threads) as (bx, by, bz):
             a = T.alloc_fragment([BR, D], dtype)
             b = T.alloc_fragment([BR, D], dtype)
             prod = T.alloc_fragment([BR, D], f32)
             dots = T.alloc_fragment([BR], f32)
-            if varlen:
-                T.copy(dO[bx * BR:(bx + 1) * BR, by, :], a)
-                T.copy(O[bx * BR:(bx + 1) * BR, by, :], b)
-            else:
-                T.copy(dO[bz, by, bx * BR:(bx + 1) * BR, :], a)
-                T.copy(O[bz, by, bx * BR:(bx + 1) * BR, :], b)
+            T.copy(dO[bz, by, bx * BR:(bx + 1) * BR, :], a)
+            T.copy(O[bz, by, bx * BR:(bx + 1) * BR, :], b)
             for i, j in T.Parallel(BR, D):
                 prod[i, j] = T.Cast(f32, a[i, j]) * T.Cast(f32, b[i, j])
             T.reduce_sum(prod, dots, dim=1)
             for i in T.Parallel(BR):
                 if bx * BR + i < L:
-                    if varlen:
-                        D0[by, bx * BR + i] = dots[i]
-                    else:
-                        D0[bz, by, bx * BR + i] = dots[i]
+                    D0[bz, by, bx * BR + i] = dots[i]
 
     return lazy_attention_row_dot

@@ -25,81 +25,6 @@ class Tiles:
     num_stages: int
 
 
-@dataclass(frozen=True)
-class Packing:
-    """Where a CTA finds its rows, for the factories' ``varlen`` switch.
-
-    Fixed length (``varlen`` False): tiles [B, heads, L, D], row vectors [B, heads, LP], ``Lens`` [B] the
-    lengths, and a CTA's batch, head and block are its grid coordinates. Packed documents (SPEC section 4):
-    tiles [T, heads, D], row vectors [heads, TP], and ``Lens`` a block table [R, 3] int32 whose row ``bz`` (the
-    CTA's grid row, of (heads, R, 1)) holds (the document's first token, its length, the block's first position
-    in it); see ``lazy_attention_varlen.block_table``. Positions, masks and distances stay per document; only
-    memory addresses add the first token. With ``varlen`` False every method gives the expressions the fixed-length
-    kernels are written with.
-    """
-
-    varlen: bool
-
-    def grid(self, B, L, R, block: int):
-        """The grid's last two extents: (B, blocks of L) or (R, 1)."""
-        import tilelang.language as T
-
-        return (R, 1) if self.varlen else (B, T.ceildiv(L, block))
-
-    def tile(self, X, Lens, b, h, start, stop):
-        """Rows [start, stop) of (b, h) of a tile tensor."""
-        if self.varlen:
-            return X[Lens[b, 0] + start:Lens[b, 0] + stop, h, :]
-        return X[b, h, start:stop, :]
-
-    def vec(self, X, Lens, b, h, start, stop):
-        """Entries [start, stop) of (b, h) of a row vector (h None: a vector without a head axis)."""
-        if self.varlen:
-            t = Lens[b, 0]
-            return X[t + start:t + stop] if h is None else X[h, t + start:t + stop]
-        return X[b, start:stop] if h is None else X[b, h, start:stop]
-
-    def length(self, Lens, b):
-        """The length of the sequence (document) of grid row b."""
-        return Lens[b, 1] if self.varlen else Lens[b]
-
-    def first(self, Lens, b, fixed):
-        """The first position of the CTA's block: ``fixed`` (from the grid) or the block table's."""
-        return Lens[b, 2] if self.varlen else fixed
-
-    def rows_end(self, L, lb):
-        """Where the rows of a CTA's sequence end in memory: at L (fixed length; rows past it read as zeros) or
-        at its document's length lb (packed; the rows past it are the next document's)."""
-        return lb if self.varlen else L
-
-
-def store_rows_macro(R: int, C: int):
-    """A macro ``store(dst, src, Lens, b, h, r0, lb)`` for packed documents: rows i < lb - r0 of shared tile
-    ``src`` [R, C] to rows r0 + i of grid row b's document in ``dst`` [T, heads, C] (rows past the document
-    belong to the next one, so a TMA store of the whole tile cannot be used)."""
-    import tilelang.language as T
-
-    @T.macro
-    def store(dst, src, Lens, b, h, r0, lb):
-        for i, j in T.Parallel(R, C):
-            if r0 + i < lb:
-                dst[Lens[b, 0] + r0 + i, h, j] = src[i, j]
-    return store
-
-
-def store_vec_macro(R: int):
-    """A macro ``store(dst, src, Lens, b, h, r0, lb)`` for packed documents: entries i < lb - r0 of fragment
-    ``src`` [R] to dst[h, first token + r0 + i] of a row vector [heads, TP]."""
-    import tilelang.language as T
-
-    @T.macro
-    def store(dst, src, Lens, b, h, r0, lb):
-        for i in T.Parallel(R):
-            if r0 + i < lb:
-                dst[h, Lens[b, 0] + r0 + i] = src[i]
-    return store
-
-
 def relu(x):
     """max(x, 0) keeping NaN, as golden's torch.relu does (``T.max`` becomes CUDA's fmaxf, which returns 0 for a
     NaN): a NaN score, bias or tau poisons its row instead of vanishing."""
@@ -132,12 +57,9 @@ def first_query(bx, L, BM: int, causal: bool):
     return ((T.ceildiv(L, BM) - 1 - bx) if causal else bx) * BM
 
 
-def row_block(bx, by, bz, L, H, Hkv, Lens, BM: int, causal: bool, packing: Packing = Packing(False)):
+def row_block(bx, by, bz, L, H, Hkv, Lens, BM: int, causal: bool):
     """(m0, hk, lb) of a query-major CTA at grid (by = head, bz = batch, bx = query block): its first query
-    (:func:`first_query`), the kv head its query head reads (GQA) and its sequence's length lengths[b].
-    Packed documents: m0 and lb from the block table row bz (see :class:`Packing`)."""
-    if packing.varlen:
-        return packing.first(Lens, bz, None), by // (H // Hkv), packing.length(Lens, bz)
+    (:func:`first_query`), the kv head its query head reads (GQA) and its sequence's length lengths[b]."""
     return first_query(bx, L, BM, causal), by // (H // Hkv), Lens[bz]
 
 

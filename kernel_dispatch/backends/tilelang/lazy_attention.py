@@ -33,11 +33,9 @@ FACTORIES = {name: m.build for name, m in _MODULES.items()}
 CONFIGS = {D: {name: m.CONFIGS[D] for name, m in _MODULES.items()} for D in HEAD_DIMS}  # {head dim: {kernel: tiles}}
 
 
-def kernel(name: str, head_dim: int, dtype: str, causal: bool, tiles, device=None, varlen: bool = False):
-    """The compiled kernel ``name`` for these static parameters and ``tiles`` on CUDA ``device`` (sm_90a if None);
-    ``varlen``: its packed-document form (lazy_attention_varlen)."""
-    args = (head_dim, dtype, bool(causal), tiles) + ((True,) if varlen else ())
-    return _build.kernel(FACTORIES[name], args, device)
+def kernel(name: str, head_dim: int, dtype: str, causal: bool, tiles, device=None):
+    """The compiled kernel ``name`` for these static parameters and ``tiles`` on CUDA ``device`` (sm_90a if None)."""
+    return _build.kernel(FACTORIES[name], (head_dim, dtype, bool(causal), tiles), device)
 
 
 def _kernel(name: str, q: torch.Tensor, causal: bool):
