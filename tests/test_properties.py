@@ -10,8 +10,9 @@ quarter of it. An ill-conditioned draw (a row whose scores all sit near 1e4, whe
 below -1 leaving a head a sliver of its softmax mass) is a property of the input, not of a kernel.
 
 Budget: the settings profile HYPOTHESIS_PROFILE names (``cpu``: a few fixed-seed examples per operator, what
-``make test`` runs; ``gpu``: hundreds, larger shapes; ``explore``: many, random seeds, for hunting). Without it,
-``gpu`` on a CUDA machine and ``cpu`` elsewhere. Examples a run has found stay below as @example regression cases.
+``make test`` runs; ``gpu``: hundreds, larger shapes, HYPOTHESIS_MAX_EXAMPLES overrides the count; ``explore``: many,
+random seeds, for hunting). Without it, ``gpu`` on a CUDA machine and ``cpu`` elsewhere. Examples a run has found
+stay below as @example regression cases.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 settings.register_profile("cpu", max_examples=5, derandomize=True, **_COMMON)
-settings.register_profile("gpu", max_examples=300, **_COMMON)
+settings.register_profile("gpu", max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "300")), **_COMMON)
 settings.register_profile("explore", max_examples=2000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if ON_GPU else "cpu"))
 

@@ -43,6 +43,11 @@ POLICY = SplitPolicy(ctas_per_sm=2, min_keys=128)
 INTERPRET_POLICY = SplitPolicy(ctas_per_sm=4, min_keys=16)
 INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
 FUSED_SPLIT_BLOCK = {16: 16, 32: 8, 64: 4}  # the fused kernel's last program sums this many partials per load
+# The fused kernel's splits wait for each other, so a grid of NS > 1 must be resident at once (a cooperative launch
+# refuses it otherwise). The split policy asks for 2 programs per SM; the fused kernel keeps 2 per SM only with kept
+# scores and decode's 16-row tiles (sm_90 build: 89 registers x 256 threads, 43 KB of shared memory; 64-row tiles or
+# recomputed scores take 164-246 registers, one program per SM): elsewhere the three kernels run.
+FUSED_MAX_BLOCK_M = 16
 REDUCE_BLOCK_M = 16
 REDUCE_BLOCK_D = 32  # the reduce's programs also split the head dim: a decode step has few rows
 REDUCE_SPLIT_BLOCK = 16  # partials of that many splits loaded at once
@@ -92,7 +97,8 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path);
     ``tiles`` (its block_m cut down to R as :func:`tiles_for` does) and ``policy`` override ``TILES`` and ``POLICY``
     (scripts/gpu_sweep_kvcache_decode.py measures the alternatives). ``fused``: one kernel for both passes and the
-    reduce (default on CUDA; the interpreter, which runs programs one after another, runs the three kernels).
+    reduce (default on CUDA with one split, or with kept scores and 16-row tiles; see ``FUSED_MAX_BLOCK_M``; the
+    interpreter, which runs programs one after another, runs the three kernels).
     """
     _check(q, k_cache, v_cache, bias, tau, seqlens_k)
     B, H, Lq, D = q.shape
@@ -118,7 +124,8 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
                  num_stages=tiles.num_stages)
-    fused = (not INTERPRET) if fused is None else fused
+    if fused is None:
+        fused = not INTERPRET and (ns == 1 or (keep and tiles.block_m <= FUSED_MAX_BLOCK_M))
     grid = (ns, B * Hkv, m_blocks)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
     strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
@@ -150,5 +157,8 @@ def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles, ro
     if fn is kvcache_reduce_kernel:
         return dict(HEAD_DIM=head_dim, BLOCK_M=reduce_block_m(rows), BLOCK_N=tiles.block_n,
                     BLOCK_D=min(REDUCE_BLOCK_D, head_dim), SPLIT_BLOCK=REDUCE_SPLIT_BLOCK)
-    return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=False,
-                PREC="ieee" if dtype == torch.float32 else "tf32")
+    out = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=False,
+               PREC="ieee" if dtype == torch.float32 else "tf32")
+    if fn is kvcache_fused_kernel:
+        out.update(REDUCE_BLOCK_D=min(REDUCE_BLOCK_D, head_dim), SPLIT_BLOCK=FUSED_SPLIT_BLOCK[tiles.block_m])
+    return out
