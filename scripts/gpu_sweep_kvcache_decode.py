@@ -3,9 +3,8 @@
     python scripts/gpu_sweep_kvcache_decode.py [--kv-shapes 1x4K,16x4K] [--json out.json]
 
 At each decode shape of the benchmark (bf16, H=32, Hkv=8, D=128, W=512, Lq=1, every row full) it times the shipped
-configuration (``TILES``, ``POLICY`` in kernel_dispatch/backends/triton/lazy_attention_with_kvcache.py, the fused
-kernel), then every split policy x tile (keys per step, warps, stages) x fused kernel or three kernels of the lists
-below, each as a CUDA-graph replay with the L2 flushed (the benchmark's timer), and SDPA cuDNN on the same shape. Each
+configuration (``TILES``, ``POLICY`` in kernel_dispatch/backends/triton/lazy_attention_with_kvcache.py), then every
+split policy x tile (keys per step, warps, stages) of the lists below, each as a CUDA-graph replay with the L2 flushed (the benchmark's timer), and SDPA cuDNN on the same shape. Each
 configuration's output is compared with the shipped one's (max abs difference; the additions change order between
 splits, nothing else). Finally the device time of each kernel of the shipped and
 the best configurations under torch.profiler. Prints one table per shape.
@@ -24,8 +23,8 @@ from kernel_dispatch.backends.triton import lazy_attention_with_kvcache as kv
 from kernel_dispatch.benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
 from kernel_dispatch.ops import lazy_attention_with_kvcache_bench as bench
 
-POLICIES = [SplitPolicy(c, 128) for c in (2, 4)]
-TILES = [kv.KVCacheTiles(64, n, w, st) for n, w, st in ((64, 4, 3), (64, 8, 3), (64, 8, 2))]
+POLICIES = [SplitPolicy(c, 128) for c in (1, 2, 4)]
+TILES = [kv.KVCacheTiles(64, n, w, st) for n, w, st in ((64, 4, 3), (64, 8, 3), (64, 8, 2), (128, 8, 2))]
 
 
 def kernel_us(fn, runs: int = 5) -> dict[str, float]:
@@ -79,9 +78,9 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001  a configuration that does not fit is a result too
                 rows.append((label, float("inf"), float("nan"), {"error": str(e)[:80]}))
 
-        for pol, tl_, fused in itertools.product(POLICIES, TILES, (True, False)):
-            measure(f"{pol.ctas_per_sm}/SM min {pol.min_keys}, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}"
-                    f"{'' if fused else ', 3 kernels'}", policy=pol, tiles=tl_, fused=fused)
+        for pol, tl_ in itertools.product(POLICIES, TILES):
+            measure(f"{pol.ctas_per_sm}/SM min {pol.min_keys}, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}",
+                    policy=pol, tiles=tl_)
         best = min(rows, key=lambda r: r[1])
         sol_ms = bench.kv_bytes(s, torch.bfloat16) / (copy_gbps * 1e9) * 1e3
         print(f"\n== B={s.B} n={s.n}: cuDNN {cudnn * 1e3:.1f} us, speed of light {sol_ms * 1e3:.1f} us ==")

@@ -64,19 +64,14 @@ CASE = {c.name: c for c in CASES}
 
 @dataclass(frozen=True)
 class Path:
-    """A way through the Triton launcher: ``splits``/``keep``/``fused`` as its forward takes them (None: its own
-    choice). The fused kernel with several splits waits between programs, which the interpreter cannot run: on
-    the CPU it runs with one split, on a GPU with any."""
+    """A way through the Triton launcher: ``splits``/``keep`` as its forward takes them (None: its own choice)."""
     name: str
     splits: int | None = None
     keep: bool | None = None
-    fused: bool | None = None
 
 
 TRITON_PATHS = [Path("auto"), Path("one_split", splits=1), Path("recompute", splits=3, keep=False),
-                Path("keep", splits=2, keep=True), Path("fused_one_split", splits=1, fused=True),
-                Path("fused_one_split_recompute", splits=1, keep=False, fused=True),
-                Path("unfused", splits=3, fused=False)]
+                Path("keep", splits=2, keep=True)]
 # the cases every Triton path runs on in the quick suite (the rest: "auto" only, other paths marked slow)
 QUICK_PATH_CASES = {"decode_one_key", "decode_ragged", "prefill_lq7", "tau_positive", "noncontig"}
 
@@ -134,8 +129,8 @@ def _forward(backend: str, inp, path: Path | None = None) -> torch.Tensor:
         mod = importlib.import_module(MODULES[backend])
     except ImportError as e:
         pytest.skip(f"{backend}: cannot import ({e})")
-    if path is not None and (path.splits is not None or path.keep is not None or path.fused is not None):
-        return mod.forward(*inp, splits=path.splits, keep=path.keep, fused=path.fused)
+    if path is not None and (path.splits is not None or path.keep is not None):
+        return mod.forward(*inp, splits=path.splits, keep=path.keep)
     return mod.forward(*inp)
 
 

@@ -239,8 +239,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
 
     head_dims = kv.HEAD_DIMS if head_dims is None else head_dims
     dtypes = kv.DTYPES if dtypes is None else dtypes
-    kernels = {"lse": kv.kvcache_lse_kernel, "out": kv.kvcache_out_kernel, "reduce": kv.kvcache_reduce_kernel,
-               "fused": kv.kvcache_fused_kernel}
+    kernels = {"lse": kv.kvcache_lse_kernel, "out": kv.kvcache_out_kernel, "reduce": kv.kvcache_reduce_kernel}
     for dt in dtypes:
         for d in head_dims:
             for r in rows:
@@ -251,8 +250,6 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                 variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
                              for dr in (True, False)]
                 variants += [("reduce", {})]
-                variants += [("fused", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
-                             for dr in (True, False)]
                 for name, extra in variants:
                     fn = kernels[name]
                     sig, div = {}, []
@@ -261,11 +258,11 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                             sig[arg] = "*" + _KV_DTYPE[dt]
                         elif arg in _KV_FP32_POINTERS:
                             sig[arg] = "*fp32"
-                        elif arg in ("Seqlens", "SYNC"):
+                        elif arg == "Seqlens":
                             sig[arg] = "*i32"
                         elif arg == "qk_scale":
                             sig[arg] = "fp32"
-                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BLOCK_D", "SPLIT_BLOCK", "REDUCE_BLOCK_D", "NS_POW2", "KEEP", "DIRECT", "UPCAST",
+                        elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BLOCK_D", "SPLIT_BLOCK", "NS_POW2", "KEEP", "DIRECT", "UPCAST",
                                      "PREC"):
                             continue
                         else:

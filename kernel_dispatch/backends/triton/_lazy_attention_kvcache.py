@@ -6,10 +6,7 @@ position pos = n_b - Lq + j. The keys [0, n_b) of a batch row are cut into NS sp
 multiple of BLOCK_N computed on the device from n_b (:func:`_split_range`): the grid depends on shapes only, and
 splits that start at or past n_b have no keys and write nothing.
 
-``kvcache_fused_kernel`` runs the three steps below in one grid (NS, B * Hkv, cdiv(R, BLOCK_M)), the programs of a
-row block waiting for each other between the passes (a cooperative launch: all resident); it is what a CUDA device
-runs. The three kernels run the same steps apart (the interpreter runs programs one after another, so a program
-cannot wait for another there), the first two on the same grid:
+Three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
 
 - ``kvcache_lse_kernel`` reads K once: the log2-domain scores of its keys (scaled, biased, masked), their partial
   log-sum-exp per row -> LSE_PART [NS, B * Hkv, R]; with KEEP also the scores -> SCORES [B * Hkv, R, SP] fp32.
@@ -102,16 +99,22 @@ def _online(m_i, l_i, s):
 
 
 @triton.jit
-def _pass1(Q, K, Bias, SCORES, LSE_PART, b, hk, bk, split, r0, n_b,
-           stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-           stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk,
-           G, LQ, R, W, NS, qk_scale,
-           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
-           UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Pass 1 of split ``split`` for tile rows r0 .. r0 + BLOCK_M of kv head (b, hk): the partial LSE (log2) per row
-    -> LSE_PART, and the scores -> SCORES (KEEP)."""
+def kvcache_lse_kernel(
+        Q, K, Bias, Seqlens, SCORES, LSE_PART,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk,
+        Hkv, G, LQ, R, W, NS, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Pass 1, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's partial LSE (log2) per row, and its scores (KEEP)."""
+    split = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = bk // Hkv
+    hk = bk - b * Hkv
+    n_b = tl.load(Seqlens + b)
     lo, hi, _ = _split_range(n_b, split, NS, BLOCK_N)
-    offs_r, rr, h, j, pos = _row_block(r0, R, LQ, G, hk, n_b, BLOCK_M)
+    offs_r, rr, h, j, pos = _row_block(tl.program_id(2) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
     row_ok = offs_r < R
     q = _load_q(Q, b, h, j, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM, UPCAST)
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
@@ -139,29 +142,11 @@ def _pass1(Q, K, Bias, SCORES, LSE_PART, b, hk, bk, split, r0, n_b,
 
 
 @triton.jit
-def kvcache_lse_kernel(
-        Q, K, Bias, Seqlens, SCORES, LSE_PART,
-        stride_qb, stride_qh, stride_qm, stride_qd,
-        stride_kb, stride_kh, stride_kn, stride_kd,
-        stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk,
-        Hkv, G, LQ, R, W, NS, qk_scale,
-        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Pass 1, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's partial LSE (log2) per row, and its scores (KEEP)."""
-    bk = tl.program_id(1)
-    b = bk // Hkv
-    _pass1(Q, K, Bias, SCORES, LSE_PART, b, bk - b * Hkv, bk, tl.program_id(0), tl.program_id(2) * BLOCK_M,
-           tl.load(Seqlens + b), stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn,
-           stride_kd, stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, G, LQ, R, W, NS, qk_scale,
-           HEAD_DIM, BLOCK_M, BLOCK_N, KEEP, UPCAST, PREC)
-
-
-@triton.jit
 def _final_lse(LSE_PART, bk, rr, n_used, stride_lp_s, stride_lp_bk, NS_POW2: tl.constexpr):
     """The rows' log2-domain LSE from the partial LSEs of the first ``n_used`` splits."""
     offs_s = tl.arange(0, NS_POW2)
     part = tl.load(LSE_PART + offs_s[:, None] * stride_lp_s + bk * stride_lp_bk + rr[None, :],
-                   mask=offs_s[:, None] < n_used, other=float("-inf"), cache_modifier=".cg")
+                   mask=offs_s[:, None] < n_used, other=float("-inf"))
     mx = tl.max(part, 0)
     return mx + tl.math.log2(tl.sum(tl.math.exp2(part - mx[None, :]), 0))
 
@@ -198,17 +183,24 @@ def _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, st
 
 
 @triton.jit
-def _pass2(Q, K, V, Bias, Tau, SCORES, LSE_PART, O, O_PART, b, hk, bk, split, r0, n_b,
-           stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-           stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
-           stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
-           G, LQ, R, W, NS, qk_scale,
-           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
-           KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Pass 2 of split ``split`` for tile rows r0 .. r0 + BLOCK_M of kv head (b, hk): its share of O -> O_PART
-    (all of O -> O when DIRECT)."""
+def kvcache_out_kernel(
+        Q, K, V, Bias, Tau, Seqlens, SCORES, LSE_PART, O, O_PART,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
+        Hkv, G, LQ, R, W, NS, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
+        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Pass 2, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's share of O (all of it when DIRECT)."""
+    split = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = bk // Hkv
+    hk = bk - b * Hkv
+    n_b = tl.load(Seqlens + b)
     lo, hi, chunk = _split_range(n_b, split, NS, BLOCK_N)
-    offs_r, rr, h, j, pos = _row_block(r0, R, LQ, G, hk, n_b, BLOCK_M)
+    offs_r, rr, h, j, pos = _row_block(tl.program_id(2) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
     row_ok = offs_r < R
     offs_d = tl.arange(0, HEAD_DIM)
     lse2 = _final_lse(LSE_PART, bk, rr, tl.cdiv(n_b, chunk), stride_lp_s, stride_lp_bk, NS_POW2)
@@ -237,49 +229,6 @@ def _pass2(Q, K, V, Bias, Tau, SCORES, LSE_PART, O, O_PART, b, hk, bk, split, r0
 
 
 @triton.jit
-def kvcache_out_kernel(
-        Q, K, V, Bias, Tau, Seqlens, SCORES, LSE_PART, O, O_PART,
-        stride_qb, stride_qh, stride_qm, stride_qd,
-        stride_kb, stride_kh, stride_kn, stride_kd,
-        stride_vb, stride_vh, stride_vn, stride_vd,
-        stride_ob, stride_oh, stride_om, stride_od,
-        stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
-        Hkv, G, LQ, R, W, NS, qk_scale,
-        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
-        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Pass 2, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's share of O (all of it when DIRECT)."""
-    bk = tl.program_id(1)
-    b = bk // Hkv
-    _pass2(Q, K, V, Bias, Tau, SCORES, LSE_PART, O, O_PART, b, bk - b * Hkv, bk, tl.program_id(0),
-           tl.program_id(2) * BLOCK_M, tl.load(Seqlens + b), stride_qb, stride_qh, stride_qm, stride_qd, stride_kb,
-           stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
-           stride_om, stride_od, stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s,
-           stride_op_bk, stride_op_r, G, LQ, R, W, NS, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NS_POW2, KEEP, DIRECT,
-           UPCAST, PREC)
-
-
-@triton.jit
-def _sum_splits(O_PART, O, b, bk, r0, hk, n_used, stride_op_s, stride_op_bk, stride_op_r,
-                stride_ob, stride_oh, stride_om, stride_od, G, LQ, R, n_b, d0,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
-    """O[rows r0 .. r0 + BLOCK_M, d0 .. d0 + BLOCK_D] = the sum of the first ``n_used`` splits' partials. SPLIT_BLOCK
-    partials are loaded at once (L2, written by other programs) and summed as a tree, the blocks in split order:
-    the order of the additions depends on the shapes only, so reruns are bitwise equal."""
-    offs_r, rr, h, j, _ = _row_block(r0, R, LQ, G, hk, n_b, BLOCK_M)
-    offs_d = d0 + tl.arange(0, BLOCK_D)
-    offs_s = tl.arange(0, SPLIT_BLOCK)
-    part = O_PART + bk * stride_op_bk + rr[None, :, None] * stride_op_r + offs_d[None, None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, n_used, SPLIT_BLOCK):
-        split = s0 + offs_s
-        acc += tl.sum(tl.load(part + split[:, None, None] * stride_op_s, mask=(split < n_used)[:, None, None],
-                              other=0.0, cache_modifier=".cg"), 0)
-    o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
-             + offs_d[None, :] * stride_od)
-    tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=(offs_r < R)[:, None])
-
-
-@triton.jit
 def kvcache_reduce_kernel(
         O_PART, O, Seqlens,
         stride_op_s, stride_op_bk, stride_op_r, stride_ob, stride_oh, stride_om, stride_od,
@@ -287,63 +236,24 @@ def kvcache_reduce_kernel(
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         SPLIT_BLOCK: tl.constexpr):
     """Grid (B * Hkv, cdiv(R, BLOCK_M), HEAD_DIM / BLOCK_D): O = the sum of O_PART over the non-empty splits
-    (BLOCK_N: the passes' tile), :func:`_sum_splits`."""
+    (BLOCK_N: the passes' tile). SPLIT_BLOCK partials are loaded at once and summed as a tree, the blocks in split
+    order: the loads of a block are in flight together (a decode step is latency-bound here), and the order of
+    the additions is fixed by the shapes, so reruns are bitwise equal."""
     bk = tl.program_id(0)
     b = bk // Hkv
+    hk = bk - b * Hkv
     n_b = tl.load(Seqlens + b)
     _, _, chunk = _split_range(n_b, 0, NS, BLOCK_N)
-    _sum_splits(O_PART, O, b, bk, tl.program_id(1) * BLOCK_M, bk - b * Hkv, tl.cdiv(n_b, chunk), stride_op_s,
-                stride_op_bk, stride_op_r, stride_ob, stride_oh, stride_om, stride_od, G, LQ, R, n_b,
-                tl.program_id(2) * BLOCK_D, BLOCK_M, BLOCK_D, SPLIT_BLOCK)
-
-
-@triton.jit
-def kvcache_fused_kernel(
-        Q, K, V, Bias, Tau, Seqlens, SCORES, LSE_PART, O, O_PART, SYNC,
-        stride_qb, stride_qh, stride_qm, stride_qd,
-        stride_kb, stride_kh, stride_kn, stride_kd,
-        stride_vb, stride_vh, stride_vn, stride_vd,
-        stride_ob, stride_oh, stride_om, stride_od,
-        stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
-        Hkv, G, LQ, R, W, NS, qk_scale,
-        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
-        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-        REDUCE_BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
-    """Both passes and the reduce in one grid (NS, B * Hkv, cdiv(R, BLOCK_M)). Between the passes the programs of
-    one row block wait for each other: each non-empty split adds 1 to SYNC[row block, 0] (release) after its pass 1
-    and spins until every non-empty split has (acquire). After pass 2 each adds 1 to SYNC[row block, 1]; the last
-    one sums the partials into O (:func:`_sum_splits`, a fixed order). SYNC: int32
-    [B * Hkv * row blocks, 2], zero at launch. The wait needs every program of a row block resident at once: the
-    launcher uses a cooperative launch when NS > 1. DIRECT (NS == 1): no waiting, O written by pass 2."""
-    split = tl.program_id(0)
-    bk = tl.program_id(1)
-    b = bk // Hkv
-    hk = bk - b * Hkv
-    r0 = tl.program_id(2) * BLOCK_M
-    n_b = tl.load(Seqlens + b)
-    lo, hi, chunk = _split_range(n_b, split, NS, BLOCK_N)
     n_used = tl.cdiv(n_b, chunk)
-    _pass1(Q, K, Bias, SCORES, LSE_PART, b, hk, bk, split, r0, n_b, stride_qb, stride_qh, stride_qm, stride_qd,
-           stride_kb, stride_kh, stride_kn, stride_kd, stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s,
-           stride_lp_bk, G, LQ, R, W, NS, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, KEEP, UPCAST, PREC)
-    tl.debug_barrier()  # every thread's scores and partial LSE are stored before the arrival (and pass 2's loads)
-    if lo < hi:
-        sync = SYNC + (bk * tl.num_programs(2) + tl.program_id(2)) * 2
-        if not DIRECT:
-            tl.atomic_add(sync, 1, sem="release", scope="gpu")
-            arrived = tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
-            while arrived < n_used:
-                arrived = tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
-        _pass2(Q, K, V, Bias, Tau, SCORES, LSE_PART, O, O_PART, b, hk, bk, split, r0, n_b, stride_qb, stride_qh,
-               stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn,
-               stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_bh, stride_sc_bk, stride_sc_r,
-               stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r, G, LQ, R, W, NS, qk_scale,
-               HEAD_DIM, BLOCK_M, BLOCK_N, NS_POW2, KEEP, DIRECT, UPCAST, PREC)
-        if not DIRECT:
-            tl.debug_barrier()
-            done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
-            if done == n_used - 1:
-                for d0 in tl.static_range(0, HEAD_DIM, REDUCE_BLOCK_D):
-                    _sum_splits(O_PART, O, b, bk, r0, hk, n_used, stride_op_s, stride_op_bk, stride_op_r,
-                                stride_ob, stride_oh, stride_om, stride_od, G, LQ, R, n_b, d0, BLOCK_M,
-                                REDUCE_BLOCK_D, SPLIT_BLOCK)
+    offs_r, rr, h, j, _ = _row_block(tl.program_id(1) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, SPLIT_BLOCK)
+    part = O_PART + bk * stride_op_bk + rr[None, :, None] * stride_op_r + offs_d[None, None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, n_used, SPLIT_BLOCK):
+        split = s0 + offs_s
+        acc += tl.sum(tl.load(part + split[:, None, None] * stride_op_s, mask=(split < n_used)[:, None, None],
+                              other=0.0), 0)
+    o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
+             + offs_d[None, :] * stride_od)
+    tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=(offs_r < R)[:, None])

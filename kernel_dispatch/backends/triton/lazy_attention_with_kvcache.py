@@ -17,8 +17,7 @@ import triton
 
 from ..kvcache_splits import SplitPolicy, keep_scores, num_splits, sm_count
 from ._lazy_attention_fwd import LOG2E
-from ._lazy_attention_kvcache import (kvcache_fused_kernel, kvcache_lse_kernel, kvcache_out_kernel,
-                                      kvcache_reduce_kernel)
+from ._lazy_attention_kvcache import kvcache_lse_kernel, kvcache_out_kernel, kvcache_reduce_kernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -42,12 +41,6 @@ INTERPRET_TILES = KVCacheTiles(block_m=16, block_n=16, num_warps=1, num_stages=1
 POLICY = SplitPolicy(ctas_per_sm=2, min_keys=128)
 INTERPRET_POLICY = SplitPolicy(ctas_per_sm=4, min_keys=16)
 INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
-FUSED_SPLIT_BLOCK = {16: 16, 32: 8, 64: 4}  # the fused kernel's last program sums this many partials per load
-# The fused kernel's splits wait for each other, so a grid of NS > 1 must be resident at once (a cooperative launch
-# refuses it otherwise). The split policy asks for 2 programs per SM; the fused kernel keeps 2 per SM only with kept
-# scores and decode's 16-row tiles (sm_90 build: 89 registers x 256 threads, 43 KB of shared memory; 64-row tiles or
-# recomputed scores take 164-246 registers, one program per SM): elsewhere the three kernels run.
-FUSED_MAX_BLOCK_M = 16
 REDUCE_BLOCK_M = 16
 REDUCE_BLOCK_D = 32  # the reduce's programs also split the head dim: a decode step has few rows
 REDUCE_SPLIT_BLOCK = 16  # partials of that many splits loaded at once
@@ -90,15 +83,12 @@ def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
 
 
 def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
-            keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None,
-            fused: bool | None = None):
+            keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None):
     """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
 
     ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path);
     ``tiles`` (its block_m cut down to R as :func:`tiles_for` does) and ``policy`` override ``TILES`` and ``POLICY``
-    (scripts/gpu_sweep_kvcache_decode.py measures the alternatives). ``fused``: one kernel for both passes and the
-    reduce (default on CUDA with one split, or with kept scores and 16-row tiles; see ``FUSED_MAX_BLOCK_M``; the
-    interpreter, which runs programs one after another, runs the three kernels).
+    (scripts/gpu_sweep_kvcache_decode.py measures the alternatives).
     """
     _check(q, k_cache, v_cache, bias, tau, seqlens_k)
     B, H, Lq, D = q.shape
@@ -124,30 +114,21 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
                  num_stages=tiles.num_stages)
-    if fused is None:
-        fused = not INTERPRET and (ns == 1 or (keep and tiles.block_m <= FUSED_MAX_BLOCK_M))
     grid = (ns, B * Hkv, m_blocks)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
-    strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
-               scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3])
-    if fused:
-        sync = torch.zeros(B * Hkv * m_blocks, 2, dtype=torch.int32, device=dev)
-        kvcache_fused_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, sync,
-                                   *strides, *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1,
-                                   REDUCE_BLOCK_D=min(REDUCE_BLOCK_D, D),
-                                   SPLIT_BLOCK=FUSED_SPLIT_BLOCK[tiles.block_m],
-                                   launch_cooperative_grid=ns > 1 and not INTERPRET, **flags)
-        return o
     kvcache_lse_kernel[grid](q, k_cache, bias32, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
                              bias32.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
                              lse_part.stride(1), *shape_args, **flags)
-    kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *strides,
+    kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
+                             *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
+                             scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
                              *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
     if ns > 1:
         bm, bd = reduce_block_m(R), min(REDUCE_BLOCK_D, D)
         kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm), D // bd)](
             o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
-            BLOCK_N=tiles.block_n, BLOCK_D=bd, SPLIT_BLOCK=REDUCE_SPLIT_BLOCK, num_warps=4 if not INTERPRET else 1)
+            BLOCK_N=tiles.block_n, BLOCK_D=bd, SPLIT_BLOCK=REDUCE_SPLIT_BLOCK,
+            num_warps=4 if not INTERPRET else 1)
     return o
 
 
@@ -157,8 +138,5 @@ def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles, ro
     if fn is kvcache_reduce_kernel:
         return dict(HEAD_DIM=head_dim, BLOCK_M=reduce_block_m(rows), BLOCK_N=tiles.block_n,
                     BLOCK_D=min(REDUCE_BLOCK_D, head_dim), SPLIT_BLOCK=REDUCE_SPLIT_BLOCK)
-    out = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=False,
-               PREC="ieee" if dtype == torch.float32 else "tf32")
-    if fn is kvcache_fused_kernel:
-        out.update(REDUCE_BLOCK_D=min(REDUCE_BLOCK_D, head_dim), SPLIT_BLOCK=FUSED_SPLIT_BLOCK[tiles.block_m])
-    return out
+    return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=False,
+                PREC="ieee" if dtype == torch.float32 else "tf32")
