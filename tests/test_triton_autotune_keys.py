@@ -85,3 +85,24 @@ def test_a_device_below_the_needs_gets_a_reason(monkeypatch):
         if expected:
             assert "65536 bytes of shared memory per block" in reason and "99000" in reason
     assert _fit.unfit_reason("lazy_attention", {"device": "cpu"}) is None
+
+
+def test_lazy_attention_needs_depend_on_dtype_and_head_dim(monkeypatch):
+    """An RTX-class GPU (101376 bytes per block) runs bf16 and fp16 at head dim 128 but not fp32 at 128: its dK/dV
+    kernel's smallest config needs 106752 bytes there (sm_89 build), so the registry gives the reason."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kernel_dispatch.backends.triton import _fit
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    props = SimpleNamespace(name="RTX-like", shared_memory_per_block_optin=101376, shared_memory_per_block=49152)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    for op in ("lazy_attention", "lazy_attention_varlen"):
+        for dtype, head_dim, refused in ((torch.float32, 128, True), (torch.float32, 64, False),
+                                         (torch.bfloat16, 128, False), (torch.float16, 32, False)):
+            reason = _fit.unfit_reason(op, {"device": "cuda", "dtype": dtype, "head_dim": head_dim})
+            assert (reason is not None) == refused, (op, dtype, head_dim, reason)
+            if refused:
+                assert "101376 bytes" in reason and "106752" in reason

@@ -4,8 +4,8 @@ and 40xx, A10, L4, L40), sm_120 (RTX 50xx).
 Every shipped config of every launch class (kernel, dtypes, head dim or stream count) is compiled for the target in
 a separate process (without TRITON_INTERPRET); each must compile, each class must have a config that fits the
 architecture's shared memory per block (the autotuner leaves the others out on such a device, see
-kernel_dispatch/backends/triton/_autotune.py), and no class may need more than _fit.NEEDS says where it says (the
-registry's reason for a device with less). All slow: about a hundred compiles per architecture (mhc_post, 30
+kernel_dispatch/backends/triton/_autotune.py) or be refused by the registry for it (_fit.NEEDS), and no class may need
+more than _fit.NEEDS says where it says (the registry's reason for a device with less). All slow: about a hundred compiles per architecture (mhc_post, 30
 compiles for sm_89, took 25 minutes on a loaded 2-core machine).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_dispatch.backends.triton._fit import NEEDS
+from kernel_dispatch.backends.triton import _fit
 from kernel_dispatch.testing.triton_compile import SHARED_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +60,21 @@ def test_every_launch_class_has_a_config_that_fits(arch, which):
         print(f"sm_{arch} {r['id']}: {r['shared']} bytes of shared memory")
         smallest[r["group"]] = min(smallest.get(r["group"], r["shared"]), r["shared"])
     assert smallest, "no specs compiled"
+    op = OPS[which]
     too_big = {g: n for g, n in smallest.items() if n > limit}
-    assert not too_big, f"no config fits sm_{arch}'s {limit} bytes: {too_big}"
-    need, bound = max(smallest.values()), NEEDS.get(OPS[which])
-    print(f"{which} on sm_{arch}: every launch class fits {need} bytes (_fit.NEEDS: {bound})")
-    assert bound is None or need <= bound, f"{which} on sm_{arch} needs {need} bytes, _fit.NEEDS says {bound}"
+    refused = {g for g in too_big if (_fit.needed_bytes(op, _facts(g)) or 0) > limit}
+    assert set(too_big) == refused, f"no config fits sm_{arch}'s {limit} bytes and no registry reason: {too_big}"
+    for g, n in smallest.items():
+        bound = _fit.needed_bytes(op, _facts(g))
+        assert bound is None or n <= bound, f"{g} on sm_{arch} needs {n} bytes, _fit.NEEDS says {bound}"
+    print(f"{which} on sm_{arch}: launch classes refused by the registry: {sorted(refused) or 'none'}")
+
+
+def _facts(group: str) -> dict:
+    """The registry facts a launch class stands for: 'dkdv-fp32-d128-causal' -> dtype float32, head dim 128."""
+    import torch
+
+    parts = group.split("-")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[parts[1]]
+    head_dim = next((int(p[1:]) for p in parts if p[:1] == "d" and p[1:].isdigit()), None)
+    return {"device": "cuda", "dtype": dtype, "head_dim": head_dim}
