@@ -74,7 +74,8 @@ def _facts(group: str) -> dict:
     """The registry facts a launch class stands for: 'dkdv-fp32-d128-causal' -> dtype float32, head dim 128."""
     import torch
 
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     parts = group.split("-")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[parts[1]]
+    dtype = next(dtypes[p] for p in parts if p in dtypes)
     head_dim = next((int(p[1:]) for p in parts if p[:1] == "d" and p[1:].isdigit()), None)
     return {"device": "cuda", "dtype": dtype, "head_dim": head_dim}
