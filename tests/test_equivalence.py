@@ -38,8 +38,7 @@ def why_skip(op: str, backend: str, case, dtype: torch.dtype) -> str | None:
     if case.gpu_only and DEVICE != "cuda":
         return "realistic size: runs on a CUDA device only"
     inp, _ = _reference(op, case, dtype)
-    reasons = registry.why_not(op, backend, matrix.facts(op, inp))
-    return f"{backend}: " + "; ".join(reasons) if reasons else None
+    return matrix.why_not(op, backend, inp)
 
 
 def check_case(op: str, backend: str, case, dtype: torch.dtype, direction: str) -> list[str]:
@@ -48,7 +47,7 @@ def check_case(op: str, backend: str, case, dtype: torch.dtype, direction: str) 
     _, ref = _reference(op, case, dtype)
     got = _result(op, backend, case, dtype)
     names = [n for n in ref if (n in decl.outputs) == (direction == "forward")]
-    return matrix.check(op, got, ref, dtype, names, registry.impl(op, backend).caps.tf32)
+    return matrix.check_backend(op, backend, got, ref, dtype, names)
 
 
 def params(ops=None):

@@ -53,13 +53,12 @@ def test_distinct_strides_everywhere(op, layout, backend):
     dtype = dtype_for(registry.impl(op, backend).caps)
     case = layout_case(op)
     plain = matrix.make_inputs(op, case, dtype)
-    reasons = registry.why_not(op, backend, matrix.facts(op, plain))
-    if reasons:
-        pytest.skip(f"{backend}: " + "; ".join(reasons))
+    reason = matrix.why_not(op, backend, plain)
+    if reason:
+        pytest.skip(reason)
     inp = (layouts.relaid if layout == "distinct" else decl.layouts[layout])(plain)
     ref = matrix.run(op, matrix.upcast(plain), "golden")
-    got = run_relaid(op, backend, inp)
-    failures = matrix.check(op, got, ref, dtype, list(ref), registry.impl(op, backend).caps.tf32)
+    failures = matrix.check_backend(op, backend, run_relaid(op, backend, inp), ref, dtype)
     assert not failures, f"{case.name}: " + "; ".join(failures)
 
 

@@ -34,14 +34,7 @@ def _params():
 
 @pytest.mark.parametrize("backend,dtype,scale", list(_params()))
 def test_far_from_one_matches_golden_float64(backend, dtype, scale):
-    inp = _inputs(dtype, scale)
-    reasons = registry.why_not(OP, backend, matrix.facts(OP, inp))
-    if reasons:
-        pytest.skip(f"{backend}: " + "; ".join(reasons))
-    ref = matrix.run(OP, matrix.upcast(inp), "golden")
-    got = matrix.run(OP, inp, backend)
-    failures = matrix.check(OP, got, ref, dtype, list(ref), registry.impl(OP, backend).caps.tf32)
-    assert not failures, "; ".join(failures)
+    _assert_matches_golden(backend, dtype, _inputs(dtype, scale))
 
 
 @pytest.mark.parametrize("backend,dtype,scale", [p for p in _params() if p.values[2] <= 1e30])
@@ -49,13 +42,15 @@ def test_rms_term_of_dx_survives_without_dh_in(backend, dtype, scale):
     """With dh_in = 0, dx is G @ (phi * gamma) minus the RMS term, both of the size of inv_rms: the RMS term is kept
     (inv_rms^2 alone underflows past an RMS of 2^63). Up to 1e30: further on G = dz * inv_rms nears fp32's smallest
     normal numbers, where the kernels' bf16 (hi, lo) split of G loses the lo piece's bits."""
-    inp = _inputs(dtype, scale, zero_dh_in=True)
-    reasons = registry.why_not(OP, backend, matrix.facts(OP, inp))
-    if reasons:
-        pytest.skip(f"{backend}: " + "; ".join(reasons))
+    _assert_matches_golden(backend, dtype, _inputs(dtype, scale, zero_dh_in=True))
+
+
+def _assert_matches_golden(backend, dtype, inp):
+    reason = matrix.why_not(OP, backend, inp)
+    if reason:
+        pytest.skip(reason)
     ref = matrix.run(OP, matrix.upcast(inp), "golden")
-    got = matrix.run(OP, inp, backend)
-    failures = matrix.check(OP, got, ref, dtype, list(ref), registry.impl(OP, backend).caps.tf32)
+    failures = matrix.check_backend(OP, backend, matrix.run(OP, inp, backend), ref, dtype)
     assert not failures, "; ".join(failures)
 
 

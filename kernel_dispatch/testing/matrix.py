@@ -130,6 +130,23 @@ def check(op: str, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], d
     return failures
 
 
+def why_not(op: str, backend: str, inp: Inputs) -> str | None:
+    """Why ``backend`` cannot run ``op`` on ``inp`` here ("backend: reason; reason"), or None."""
+    from .. import registry
+
+    reasons = registry.why_not(op, backend, facts(op, inp))
+    return f"{backend}: " + "; ".join(reasons) if reasons else None
+
+
+def check_backend(op: str, backend: str, got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+                  dtype: torch.dtype, names=None) -> list[str]:
+    """:func:`check` of ``backend``'s results with its own tolerance class (TF32 where its capabilities say so);
+    ``names`` default to every tensor of ``ref``."""
+    from .. import registry
+
+    return check(op, got, ref, dtype, list(ref) if names is None else names, registry.impl(op, backend).caps.tf32)
+
+
 def poison_cuda_cache(nbytes: int = 1 << 30) -> None:
     """Leave 0xFF bytes (NaN in every float dtype) in the free blocks of torch's CUDA caching allocator, one
     large block and many small ones, so an output element a kernel never writes reads back as NaN whenever
