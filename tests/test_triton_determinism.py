@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 
 from kernel_dispatch.backends.triton import lazy_attention as tk
 
 from .cases import AttnCase, make_inputs, run, upcast
 from .tolerances import rel_err, tolerance
+from .triton_blocks import cuda_block_configs, pin_blocks
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -94,31 +94,12 @@ def test_dbias_scratch_in_chunks(per_launch, causal, monkeypatch):
     _check_against_golden(got, _golden(inp), torch.float32)
 
 
-def _cuda_block_configs():
-    """(fwd, dq, dkdv) interpreter configs that use every shipped CUDA block shape at least once."""
-    def shapes(kernel, *names):
-        return sorted({tuple(c.kwargs[n] for n in names) for dt in tk.DTYPES for d in tk.HEAD_DIMS
-                       for c in tk.shipped_configs(kernel, d, dt)})
-
-    fwd, dkdv = shapes("fwd", "BLOCK_M", "BLOCK_N"), shapes("dkdv", "BLOCK_M", "BLOCK_N")
-    dq = [b for (b,) in shapes("dq", "BLOCK")]
-    n = max(len(fwd), len(dkdv), len(dq))
-    out = []
-    for i in range(n):
-        f, q, d = fwd[i % len(fwd)], dq[i % len(dq)], dkdv[i % len(dkdv)]
-        out.append(pytest.param(f, q, d, id=f"fwd{f[0]}x{f[1]}-dq{q}-dkdv{d[0]}x{d[1]}"))
-    return out
-
-
 @pytest.mark.skipif(not tk.INTERPRET, reason="on a GPU the CUDA block shapes run natively (the matrix, "
                                               "tests/test_triton_attn_configs_gpu.py)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
-@pytest.mark.parametrize("fwd_blocks,dq_block,dkdv_blocks", _cuda_block_configs())
+@pytest.mark.parametrize("fwd_blocks,dq_block,dkdv_blocks", cuda_block_configs())
 def test_cuda_block_shapes_under_interpreter(fwd_blocks, dq_block, dkdv_blocks, causal, monkeypatch):
-    blocks = {"fwd": {"BLOCK_M": fwd_blocks[0], "BLOCK_N": fwd_blocks[1]}, "dq": {"BLOCK": dq_block},
-              "dkdv": {"BLOCK_M": dkdv_blocks[0], "BLOCK_N": dkdv_blocks[1]}}
-    for name, kernel in tk.KERNELS.items():
-        monkeypatch.setattr(kernel, "configs", [triton.Config(blocks[name], num_warps=1, num_stages=1)])
+    pin_blocks(monkeypatch, fwd_blocks, dq_block, dkdv_blocks)
     case = AttnCase("cuda_blocks", B=2, H=2, Hkv=1, L=300, D=16, W=70, causal=causal, lengths=(300, 141))
     inp = make_inputs("lazy_attention", case, torch.float32, DEVICE, seed=2)
     got, _ = _run_kernels(inp)

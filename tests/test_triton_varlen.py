@@ -22,6 +22,7 @@ from kernel_dispatch.ops.lazy_attention_varlen_cases import VarlenCase, make_inp
 from kernel_dispatch.testing.matrix import rel_err, tolerance
 
 from .cases import run, upcast
+from .triton_blocks import cuda_block_configs, pin_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OP = "lazy_attention_varlen"
@@ -111,29 +112,12 @@ def test_dbias_partials_in_head_chunks(causal, monkeypatch):
     _check_against_golden(got, inp, torch.float32)
 
 
-def _cuda_block_configs():
-    """(fwd, dq, dkdv) block shapes covering every shipped CUDA block shape at least once."""
-    def shapes(kernel, *names):
-        return sorted({tuple(c.kwargs[n] for n in names) for dt in tk.DTYPES for d in tk.HEAD_DIMS
-                       for c in tk.shipped_configs(kernel, d, dt)})
-
-    fwd, dkdv = shapes("fwd", "BLOCK_M", "BLOCK_N"), shapes("dkdv", "BLOCK_M", "BLOCK_N")
-    dq = [b for (b,) in shapes("dq", "BLOCK")]
-    n = max(len(fwd), len(dkdv), len(dq))
-    return [pytest.param(fwd[i % len(fwd)], dq[i % len(dq)], dkdv[i % len(dkdv)],
-                         id=f"fwd{fwd[i % len(fwd)][0]}x{fwd[i % len(fwd)][1]}-dq{dq[i % len(dq)]}-"
-                            f"dkdv{dkdv[i % len(dkdv)][0]}x{dkdv[i % len(dkdv)][1]}") for i in range(n)]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not tk.INTERPRET, reason="on a GPU the CUDA block shapes run natively (the matrix)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
-@pytest.mark.parametrize("fwd_blocks,dq_block,dkdv_blocks", _cuda_block_configs())
+@pytest.mark.parametrize("fwd_blocks,dq_block,dkdv_blocks", cuda_block_configs())
 def test_cuda_block_shapes_under_interpreter(fwd_blocks, dq_block, dkdv_blocks, causal, monkeypatch):
-    blocks = {"fwd": {"BLOCK_M": fwd_blocks[0], "BLOCK_N": fwd_blocks[1]}, "dq": {"BLOCK": dq_block},
-              "dkdv": {"BLOCK_M": dkdv_blocks[0], "BLOCK_N": dkdv_blocks[1]}}
-    for name, kernel in tk.KERNELS.items():
-        monkeypatch.setattr(kernel, "configs", [triton.Config(blocks[name], num_warps=1, num_stages=1)])
+    pin_blocks(monkeypatch, fwd_blocks, dq_block, dkdv_blocks)
     # documents shorter than a block, across block boundaries, and one spanning several blocks
     case = VarlenCase("cuda_blocks", docs=(30, 0, 150, 1, 97), H=2, Hkv=1, D=16, W=70, causal=causal)
     inp = make_inputs(case, torch.float32, DEVICE, seed=2)
