@@ -89,3 +89,13 @@ def test_lazy_attention_config_fits_sm90(spec_id):
     limit = SMALL_COPIES_PER_STAGE * got["num_stages"]
     assert got["small_copies"] <= limit, (
         f"{spec_id}: {got['small_copies']} 4-byte cp.async copies (> {limit}): triton pipelines a gather")
+
+
+def test_forward_never_specializes_l_to_one():
+    """triton 3.6's ptxas crashes (SIGSEGV) compiling the forward's non-causal 128 x 64 config at head dim 32 for the
+    constant L = 1 (reproduced compile-only with the 3.6 wheel; triton 3.9 compiles it): the kernel takes L as a
+    plain integer."""
+    from kernel_dispatch.backends.triton._lazy_attention_fwd import lazy_attention_fwd_kernel
+
+    jit = lazy_attention_fwd_kernel.fn  # under TRITON_INTERPRET an InterpretedFunction holding the jit arguments
+    assert "L" in jit.kwargs["do_not_specialize"]

@@ -6,7 +6,8 @@
 - The TileLang backend runs it over its dense launchers: with those swapped for golden's dense functions (same
   signature), it makes one call per distinct length, ascending, with lengths=None on a [B_L, H, L, D] batch, and
   dbias, dtau are the float64 sums of the per-call results in call order, cast to fp32; outputs match golden varlen.
-Cases: one document, empty documents, documents of one length, a one-token document; GQA; causal and not.
+Cases: one document, empty documents, documents of one length, a one-token document; documents of one length next
+to each other (read as a view) and apart (gathered by index); GQA; causal and not.
 """
 from __future__ import annotations
 

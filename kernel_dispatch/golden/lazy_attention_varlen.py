@@ -20,21 +20,51 @@ from . import lazy_attention as dense
 from ._common import compute_dtype
 
 
-def _groups(cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
-    """Token indices [B_L, L] (int64, on cu_seqlens' device) of the non-empty documents, one entry per length L."""
+class _Group:
+    """The non-empty documents of one length L: their token indices [B_L, L], or, when they are consecutive in the
+    packed tensor (the uniform case: every document of one length), the token range they fill, read as a view."""
+
+    def __init__(self, length: int, starts: list[int], device: torch.device):
+        self.length, self.count = length, len(starts)
+        consecutive = all(b - a == length for a, b in zip(starts, starts[1:]))
+        self.range = (starts[0], starts[0] + length * len(starts)) if consecutive else None
+        self.idx = None if consecutive else (torch.tensor(starts, device=device)[:, None]
+                                             + torch.arange(length, device=device)[None, :])
+
+    def dense(self, t: torch.Tensor) -> torch.Tensor:
+        """Tokens of t [T, heads, D] as the dense layout [B_L, heads, L, D] (a view for consecutive documents)."""
+        if self.range is None:
+            return t[self.idx].transpose(1, 2)
+        return t[self.range[0]:self.range[1]].unflatten(0, (self.count, self.length)).transpose(1, 2)
+
+    def put(self, full: torch.Tensor, part: torch.Tensor) -> None:
+        """Writes part [B_L, heads, L, D] into the group's tokens of full [T, heads, D]."""
+        if self.range is None:
+            full[self.idx] = part.transpose(1, 2)
+        else:
+            self.dense(full).copy_(part)
+
+    def lse_rows(self, lse: torch.Tensor) -> torch.Tensor:
+        """The group's columns of lse [H, T] as [B_L, H, L]."""
+        if self.range is None:
+            return lse[:, self.idx].transpose(0, 1)
+        return lse[:, self.range[0]:self.range[1]].unflatten(1, (self.count, self.length)).transpose(0, 1)
+
+    def put_lse(self, lse: torch.Tensor, part: torch.Tensor) -> None:
+        if self.range is None:
+            lse[:, self.idx] = part.transpose(0, 1)
+        else:
+            self.lse_rows(lse).copy_(part)
+
+
+def _groups(cu_seqlens: torch.Tensor) -> list[_Group]:
+    """The non-empty documents grouped by length, ascending."""
     cu = cu_seqlens.tolist()
     by_length: dict[int, list[int]] = {}
     for start, end in zip(cu[:-1], cu[1:]):
         if end > start:
             by_length.setdefault(end - start, []).append(start)
-    dev = cu_seqlens.device
-    return [torch.tensor(starts, device=dev)[:, None] + torch.arange(length, device=dev)[None, :]
-            for length, starts in sorted(by_length.items())]
-
-
-def _dense(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Tokens idx [B, L] of t [T, heads, D] as the dense layout [B, heads, L, D]."""
-    return t[idx].transpose(1, 2)
+    return [_Group(length, starts, cu_seqlens.device) for length, starts in sorted(by_length.items())]
 
 
 def forward_by_length(module, q, k, v, bias, tau, cu_seqlens, scale: float, causal: bool, lse_dtype: torch.dtype):
@@ -43,10 +73,10 @@ def forward_by_length(module, q, k, v, bias, tau, cu_seqlens, scale: float, caus
     T, H, D = q.shape
     o = q.new_zeros(q.shape)
     lse = torch.zeros(H, T, dtype=lse_dtype, device=q.device)
-    for idx in _groups(cu_seqlens):
-        o_g, lse_g = module.forward(_dense(q, idx), _dense(k, idx), _dense(v, idx), bias, tau, scale, None, causal)
-        o[idx] = o_g.transpose(1, 2)
-        lse[:, idx] = lse_g.transpose(0, 1)
+    for grp in _groups(cu_seqlens):
+        o_g, lse_g = module.forward(grp.dense(q), grp.dense(k), grp.dense(v), bias, tau, scale, None, causal)
+        grp.put(o, o_g)
+        grp.put_lse(lse, lse_g)
     return o, lse
 
 
@@ -58,11 +88,11 @@ def backward_by_length(module, do, q, k, v, bias, tau, o, lse, cu_seqlens, scale
     dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
     dbias = torch.zeros(bias.shape, dtype=acc_dtype, device=q.device)
     dtau = torch.zeros(tau.shape, dtype=acc_dtype, device=q.device)
-    for idx in _groups(cu_seqlens):
-        grads = module.backward(_dense(do, idx), _dense(q, idx), _dense(k, idx), _dense(v, idx), bias, tau,
-                                _dense(o, idx), lse[:, idx].transpose(0, 1), scale, None, causal)
+    for grp in _groups(cu_seqlens):
+        grads = module.backward(grp.dense(do), grp.dense(q), grp.dense(k), grp.dense(v), bias, tau, grp.dense(o),
+                                grp.lse_rows(lse), scale, None, causal)
         for full, part in zip((dq, dk, dv), grads[:3]):
-            full[idx] = part.transpose(1, 2)
+            grp.put(full, part)
         dbias += grads[3].to(acc_dtype)
         dtau += grads[4].to(acc_dtype)
     return dq, dk, dv, dbias.to(bias.dtype), dtau.to(tau.dtype)

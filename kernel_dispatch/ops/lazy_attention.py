@@ -185,7 +185,9 @@ def lazy_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *
     backend. A NaN or +inf score S[m, n] at a visible position (from q[m], k[n] or bias) makes output row m
     non-finite and no other row; a -inf score acts as a masked key. NaN or +inf tau[h] makes every row of head h
     non-finite. A non-finite v[n] reaches every row that sees key n. Padded positions (past lengths[b]) reach
-    nothing, whatever they hold: padded output rows and their gradients stay exactly zero.
+    nothing, whatever they hold: padded output rows and their gradients stay exactly zero. The Triton and TileLang
+    kernels keep scores in log2 units: a finite score or bias beyond 2.36e38 (FLT_MAX / log2 e) in magnitude makes
+    the rows that see it NaN there (golden keeps it finite), never a wrong finite value.
     """
     validate(q, k, v, bias, tau, scale, lengths, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

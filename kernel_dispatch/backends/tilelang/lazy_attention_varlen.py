@@ -10,9 +10,10 @@ are scattered back to the packed rows (golden's per-length driver,
 reproducible.
 
 Cost: one set of dense launches (forward: 2 kernels, backward: 3) per distinct document length, plus the gathers
-and scatters (q, k, v, and O, dO in the backward, are copied per group; the dense launchers then make the gathered
-[B_L, H, L, D] views contiguous). The groups come from a host read of cu_seqlens (``max_seqlen`` is not used), so a
-call waits for the device and cannot be captured in a CUDA graph, as with golden.
+and scatters: documents of one length that follow each other in the packed tensor (every document, when all have
+one length) are read as a view and written back by one strided copy, others are gathered by token index; the dense
+launchers then make the [B_L, H, L, D] views contiguous. The groups come from a host read of cu_seqlens
+(``max_seqlen`` is not used), so a call waits for the device and cannot be captured in a CUDA graph, as with golden.
 """
 from __future__ import annotations
 

@@ -78,8 +78,8 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
         kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
         vt_ptr = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
         if MASK:
-            kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
-            vt = tl.load(vt_ptr, mask=offs_n[None, :] < L, other=0.0)
+            kt = tl.load(kt_ptr, mask=offs_n[None, :] < kv_len, other=0.0)
+            vt = tl.load(vt_ptr, mask=offs_n[None, :] < kv_len, other=0.0)
         else:
             kt = tl.load(kt_ptr)
             vt = tl.load(vt_ptr)
@@ -136,8 +136,8 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
         k_ptr = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
         vt_ptr = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
         if MASK:
-            k = tl.load(k_ptr, mask=offs_n[:, None] < L, other=0.0)
-            vt = tl.load(vt_ptr, mask=offs_n[None, :] < L, other=0.0)
+            k = tl.load(k_ptr, mask=offs_n[:, None] < kv_len, other=0.0)
+            vt = tl.load(vt_ptr, mask=offs_n[None, :] < kv_len, other=0.0)
         else:
             k = tl.load(k_ptr)
             vt = tl.load(vt_ptr)
@@ -226,17 +226,17 @@ def lazy_attention_bwd_dq_kernel(
     if not VARLEN:
         bh64 = bh.to(tl.int64)
     q_ptr = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
+    q = tl.load(q_ptr, mask=offs_m[:, None] < seq_len, other=0.0)  # padding is never read
     do_ptr = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
     do = tl.load(do_ptr, mask=offs_m[:, None] < seq_len, other=0.0)  # padded rows get no gradient
     if INTERPRETED:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    # rows past L get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
+    # rows past lengths[b] get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
     if VARLEN:
-        lse2 = tl.load(lse_row + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(lse_row + offs_m, mask=offs_m < seq_len, other=float("inf")) * 1.4426950408889634
     else:
-        lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < seq_len, other=float("inf")) * 1.4426950408889634
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     bias_row = Bias + h * stride_bh
@@ -308,15 +308,15 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
     offs_d = tl.arange(0, HEAD_DIM)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=offs_m[:, None] < L,
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=offs_m[:, None] < kv_len,
                     other=0.0)
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                      mask=offs_m[:, None] < kv_len, other=0.0)
         if INTERPRETED:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf")) * 1.4426950408889634  # as in dq
-        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < kv_len, other=float("inf")) * 1.4426950408889634  # as in dq
+        delta = tl.load(delta_base + offs_m, mask=offs_m < kv_len, other=0.0)
         if CAUSAL:
             taui = tau / (offs_m + 1).to(tl.float32)
         else:
@@ -377,9 +377,9 @@ def lazy_attention_bwd_dkdv_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     b64 = b.to(tl.int64)
     k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                mask=offs_n[:, None] < L, other=0.0)
+                mask=offs_n[:, None] < seq_len, other=0.0)
     v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                mask=offs_n[:, None] < L, other=0.0)
+                mask=offs_n[:, None] < seq_len, other=0.0)
     if INTERPRETED:
         k = k.to(tl.float32)
         v = v.to(tl.float32)

@@ -161,7 +161,7 @@ def _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, o
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
         if MASK:
-            kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
+            kt = tl.load(kt_ptr, mask=offs_n[None, :] < kv_len, other=0.0)
         else:
             kt = tl.load(kt_ptr)
         if INTERPRETED:
@@ -186,8 +186,8 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
         kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
         v_ptr = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
         if MASK:
-            kt = tl.load(kt_ptr, mask=offs_n[None, :] < L, other=0.0)
-            v = tl.load(v_ptr, mask=offs_n[:, None] < L, other=0.0)
+            kt = tl.load(kt_ptr, mask=offs_n[None, :] < kv_len, other=0.0)
+            v = tl.load(v_ptr, mask=offs_n[:, None] < kv_len, other=0.0)
         else:
             kt = tl.load(kt_ptr)
             v = tl.load(v_ptr)
@@ -206,8 +206,10 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
     return acc
 
 
+# L is never specialized to the constant 1: triton 3.6's ptxas crashes (SIGSEGV) on the non-causal 128 x 64 config at
+# head dim 32 compiled for L = 1; no other kernel depends on L's value or divisibility for speed.
 @autotune(FWD_CONFIGS, FWD_INTERPRET_CONFIG, key=["HEAD_DIM", "CAUSAL", "L_CLASS", "VARLEN"], class_of=_launch_class)
-@triton.jit
+@triton.jit(do_not_specialize=["L"])
 def lazy_attention_fwd_kernel(
         Q, K, V, Bias, Tau, Lens, O, LSE,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -245,7 +247,7 @@ def lazy_attention_fwd_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     b64 = b.to(tl.int64)
     q_ptr = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptr, mask=offs_m[:, None] < L, other=0.0)
+    q = tl.load(q_ptr, mask=offs_m[:, None] < seq_len, other=0.0)  # padding is never read
     if INTERPRETED:
         q = q.to(tl.float32)
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
