@@ -13,20 +13,33 @@ from kernel_dispatch import declaration, registry
 from kernel_dispatch.testing import layouts, matrix
 
 
+def _size(op: str, case) -> tuple:
+    inp = matrix.make_inputs(op, case, torch.float32)
+    ts = [t for t in list(inp.tensors.values()) + list(inp.grads) if t.is_floating_point()]
+    # a stride of a dimension of size 1 is never read, so a layout cannot test it: such cases come last
+    return (any(1 in t.shape for t in ts if t.dim() > 1), sum(t.numel() for t in ts))
+
+
 @functools.lru_cache(maxsize=None)
-def layout_case(op: str):
+def layout_case(op: str, backend: str = "golden"):
     """The operator's declared layout case, else the smallest CPU-sized declared case whose floating inputs have no
-    dimension of size 1 (a stride of such a dimension is never read, so a layout cannot test it)."""
+    dimension of size 1; for a backend that cannot run that case here (a head dim or stream count it does not
+    build), the smallest CPU-sized case it can run on :func:`device_for`'s device."""
     decl = declaration.operator(op)
+    cases = sorted((c for c in decl.cases if not c.gpu_only), key=lambda c: _size(op, c))
     if decl.layout_case is not None:
-        return next(c for c in decl.cases if c.name == decl.layout_case)
+        cases.insert(0, next(c for c in decl.cases if c.name == decl.layout_case))
+    if backend == "golden":
+        return cases[0]
+    dtype, device = dtype_for(registry.impl(op, backend).caps), device_for(backend)
+    runnable = [c for c in cases if not matrix.why_not(op, backend, matrix.make_inputs(op, c, dtype, device))]
+    return runnable[0] if runnable else cases[0]
 
-    def size(case):
-        inp = matrix.make_inputs(op, case, torch.float32)
-        ts = [t for t in list(inp.tensors.values()) + list(inp.grads) if t.is_floating_point()]
-        return (any(1 in t.shape for t in ts if t.dim() > 1), sum(t.numel() for t in ts))
 
-    return min((c for c in decl.cases if not c.gpu_only), key=size)
+def device_for(backend: str) -> str:
+    """Where the layout test runs ``backend``: CUDA when there is a device (the kernels themselves), else the CPU
+    (golden; Triton through its interpreter)."""
+    return "cuda" if backend != "golden" and torch.cuda.is_available() else "cpu"
 
 
 def dtype_for(caps) -> torch.dtype:
@@ -51,8 +64,8 @@ def run_relaid(op: str, backend: str, inp: matrix.Inputs) -> dict:
 def test_distinct_strides_everywhere(op, layout, backend):
     decl = declaration.operator(op)
     dtype = dtype_for(registry.impl(op, backend).caps)
-    case = layout_case(op)
-    plain = matrix.make_inputs(op, case, dtype)
+    case = layout_case(op, backend)
+    plain = matrix.make_inputs(op, case, dtype, device_for(backend))
     reason = matrix.why_not(op, backend, plain)
     if reason:
         pytest.skip(reason)
