@@ -186,10 +186,9 @@ def _tilelang_inputs():
 @pytest.mark.parametrize("op", list(_tilelang_inputs()))
 def test_tilelang_launcher_that_keeps_a_strided_input_fails(op, monkeypatch):
     """TileLang kernels read dense tensors; their launchers copy strided inputs (``.contiguous()``, ``dense``).
-    Planted: for one input tensor at a time, that copy returns the strided tensor itself. Where the planted tensor
-    reaches a kernel, the layout test must fail or the call must refuse it; at least one plant per operator must
-    (a tensor the launcher makes dense by another route, e.g. a reshape or a dtype cast, is not planted; one whose
-    kernel reads it right strided is reported)."""
+    Everything the backend receives is re-laid (as in tests/test_layouts.py); planted: the i-th ``.contiguous()``
+    call on a strided tensor during the call returns the tensor itself, for each i. At least one plant per operator
+    must fail the layout test or be refused; a copy whose kernel reads the strided tensor right anyway is reported."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     dtype = dtype_for(registry.impl(op, "tilelang").caps)
@@ -199,31 +198,29 @@ def test_tilelang_launcher_that_keeps_a_strided_input_fails(op, monkeypatch):
         pytest.skip("tilelang: " + "; ".join(reasons))
     ref = matrix.run(op, matrix.upcast(plain), "golden")
     inp = layouts.relaid(plain)
-    names = [k for k, t in inp.tensors.items() if t.is_floating_point() and not t.is_contiguous()]
     contiguous = torch.Tensor.contiguous
-    caught, read_right = [], []
-    for name in names:
-        kept, fired = inp.tensors[name], []
+    calls = {"n": 0, "skip": -1}
 
-        def planted(self, *a, **k):
-            if self is kept:
-                fired.append(True)
+    def planted(self, *a, **k):
+        if self.is_floating_point() and not self.is_contiguous(*a, **k):
+            calls["n"] += 1
+            if calls["n"] - 1 == calls["skip"]:
                 return self
-            return contiguous(self, *a, **k)
+        return contiguous(self, *a, **k)
 
-        monkeypatch.setattr(torch.Tensor, "contiguous", planted)
+    monkeypatch.setattr(torch.Tensor, "contiguous", planted)
+    run_relaid(op, "tilelang", inp)
+    copies = calls["n"]
+    caught, read_right = [], []
+    for i in range(copies):
+        calls.update(n=0, skip=i)
         try:
-            got = matrix.run(op, inp, "tilelang")
+            got = run_relaid(op, "tilelang", inp)
         except Exception as e:  # refused: a named error or the kernel's own check
-            caught.append(f"{name}: raised {type(e).__name__}")
+            caught.append(f"copy {i}: raised {type(e).__name__}")
             continue
-        finally:
-            monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
-        if not fired:
-            continue
-        if matrix.check(op, got, ref, dtype, list(ref)):
-            caught.append(f"{name}: wrong")
-        else:
-            read_right.append(name)
-    print(f"{op}: caught {caught}; read right while strided: {read_right}")
+        (caught if matrix.check(op, got, ref, dtype, list(ref)) else read_right).append(f"copy {i}")
+    monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
+    print(f"{op}: {copies} copies of strided tensors; caught {caught}; read right while strided: {read_right}")
+    assert copies, f"{op}: the TileLang launchers made no strided tensor contiguous"
     assert caught, f"{op}: no planted strided input failed the layout test (read right: {read_right})"

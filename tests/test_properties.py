@@ -11,8 +11,10 @@ below -1 leaving a head a sliver of its softmax mass) is a property of the input
 
 Budget: the settings profile HYPOTHESIS_PROFILE names (``cpu``: a few fixed-seed examples per operator, what
 ``make test`` runs; ``gpu``: hundreds, larger shapes, HYPOTHESIS_MAX_EXAMPLES overrides the count; ``explore``: many,
-random seeds, for hunting). Without it, ``gpu`` on a CUDA machine and ``cpu`` elsewhere. Examples a run has found
-stay below as @example regression cases.
+random seeds, for hunting). Without it, ``gpu`` on a CUDA machine and ``cpu`` elsewhere. HYPOTHESIS_BACKENDS (a comma
+list) limits the backends checked against golden: a TileLang kernel is built per head dim or mHC feature size, about
+20 s each, so a GPU run over drawn sizes is budgeted for Triton (TileLang's sizes: the equivalence matrix). Examples a
+run has found stay below as @example regression cases.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from hypothesis import HealthCheck, assume, example, given, settings  # noqa: E4
 from hypothesis import strategies as st  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
+BACKENDS = [b for b in registry.BACKEND_NAMES
+            if b in (os.environ.get("HYPOTHESIS_BACKENDS") or ",".join(registry.BACKEND_NAMES)).split(",")]
 DEVICE = "cuda" if ON_GPU else "cpu"
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
@@ -93,7 +97,7 @@ def _check_every_backend(op: str, inp: matrix.Inputs, dtype: torch.dtype, condit
     if conditioned is not None:
         assume(conditioned(inp, names_ref, dtype))
     failures = []
-    for backend in registry.BACKEND_NAMES:
+    for backend in BACKENDS:
         if backend == "golden" or registry.why_not(op, backend, matrix.facts(op, inp)):
             continue
         got = matrix.run(op, inp, backend)
