@@ -14,7 +14,7 @@ Budget: the settings profile HYPOTHESIS_PROFILE names (``cpu``: a few fixed-seed
 random seeds, for hunting). Without it, ``gpu`` on a CUDA machine and ``cpu`` elsewhere. HYPOTHESIS_BACKENDS (a comma
 list) limits the backends checked against golden: a TileLang kernel is built per head dim or mHC feature size, about
 20 s each, so a GPU run over drawn sizes is budgeted for Triton (TileLang's sizes: the equivalence matrix). Examples a
-run has found stay below as @example regression cases.
+run has found stay below as @example regression cases. HYPOTHESIS_SHRINK=0 reports a failing draw unshrunk.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from kernel_dispatch.ops.lazy_attention_cases import away_from_kink, fused_qkv, 
 from kernel_dispatch.testing import layouts, matrix
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[test]')")
-from hypothesis import HealthCheck, assume, example, given, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, assume, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -39,7 +39,11 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 settings.register_profile("cpu", max_examples=5, derandomize=True, **_COMMON)
-settings.register_profile("gpu", max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "300")), **_COMMON)
+# HYPOTHESIS_SHRINK=0: report the first failing draw as found (on a GPU each shrinking step compiles new kernels)
+_PHASES = {} if os.environ.get("HYPOTHESIS_SHRINK", "1") != "0" else {
+    "phases": (Phase.explicit, Phase.reuse, Phase.generate)}
+settings.register_profile("gpu", max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "300")), **_COMMON,
+                          **_PHASES)
 settings.register_profile("explore", max_examples=2000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if ON_GPU else "cpu"))
 
