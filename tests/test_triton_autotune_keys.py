@@ -106,3 +106,32 @@ def test_lazy_attention_needs_depend_on_dtype_and_head_dim(monkeypatch):
             assert (reason is not None) == refused, (op, dtype, head_dim, reason)
             if refused:
                 assert "101376 bytes" in reason and "106752" in reason
+
+
+def test_a_pinned_config_launches_with_a_key_argument_left_at_its_default(monkeypatch):
+    """KERNEL_DISPATCH_TRITON_CONFIG=i: a launch that leaves a key argument at its default (the fixed-length attention
+    kernels' VARLEN) runs config i of the fitting ones."""
+    import torch
+    import triton
+
+    from kernel_dispatch.backends.triton import _autotune
+    configs = [triton.Config({"BLOCK": b}, num_warps=4, num_stages=2) for b in (64, 32)]
+    launched = []
+
+    class Pinned:
+        arg_names, keys = ["X", "HEAD_DIM"], ["HEAD_DIM", "VARLEN"]
+
+        def __init__(self):
+            self.configs, self.fn = configs, self
+
+        def class_configs(self, args):
+            return configs
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(kwargs["BLOCK"])
+
+    monkeypatch.setenv(_autotune.CONFIG_ENV, "1")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_autotune, "fitting", lambda kernel, cs, named: cs)
+    _autotune.launch(Pinned(), (1,), torch.zeros(1), HEAD_DIM=64)
+    assert launched == [32]

@@ -140,9 +140,9 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         return
     import torch
 
-    named = {**dict(zip(kernel.arg_names, args)), **kwargs}
+    named = {**dict(zip(kernel.arg_names, args)), **kwargs}  # a key argument left at its default counts as None
     key = (id(kernel), int(forced), torch.cuda.current_device(),
-           *(named[k] for k in kernel.keys), *(str(v.dtype) for v in named.values() if hasattr(v, "dtype")))
+           *(named.get(k) for k in kernel.keys), *(str(v.dtype) for v in named.values() if hasattr(v, "dtype")))
     if key not in _forced:
         configs = fitting(kernel, shipped_configs(kernel, named), named)
         _forced[key] = configs[min(int(forced), len(configs) - 1)]
