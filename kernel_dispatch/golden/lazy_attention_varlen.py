@@ -71,8 +71,8 @@ def forward_by_length(module, q, k, v, bias, tau, cu_seqlens, scale: float, caus
     """O [T, H, D] (q's dtype, contiguous) and LSE [H, T] (``lse_dtype``): ``module.forward`` once per distinct
     document length, on those documents as one dense batch [B_L, H, L, D] with lengths=None, in ascending length."""
     T, H, D = q.shape
-    o = q.new_zeros(q.shape)
-    lse = torch.zeros(H, T, dtype=lse_dtype, device=q.device)
+    o = q.new_empty(q.shape)  # cu_seqlens partitions [0, T): the groups write every token
+    lse = torch.empty(H, T, dtype=lse_dtype, device=q.device)
     for grp in _groups(cu_seqlens):
         o_g, lse_g = module.forward(grp.dense(q), grp.dense(k), grp.dense(v), bias, tau, scale, None, causal)
         grp.put(o, o_g)
@@ -85,7 +85,7 @@ def backward_by_length(module, do, q, k, v, bias, tau, o, lse, cu_seqlens, scale
     """(dq, dk, dv, dbias, dtau), contiguous, in the dtypes of (q, k, v, bias, tau): ``module.backward`` once per
     distinct document length, as :func:`forward_by_length` groups them; dbias and dtau sum over the lengths in
     ascending order in ``acc_dtype``, then are cast (the same inputs give the same bits)."""
-    dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # every token written
     dbias = torch.zeros(bias.shape, dtype=acc_dtype, device=q.device)
     dtau = torch.zeros(tau.shape, dtype=acc_dtype, device=q.device)
     for grp in _groups(cu_seqlens):
