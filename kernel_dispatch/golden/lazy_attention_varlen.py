@@ -31,30 +31,34 @@ class _Group:
         self.idx = None if consecutive else (torch.tensor(starts, device=device)[:, None]
                                              + torch.arange(length, device=device)[None, :])
 
+    def _tokens(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """The group's tokens of t along ``dim`` (T there) as [..., B_L, L, ...]: a view, or a gathered copy."""
+        if self.range is None:
+            return t[(slice(None),) * dim + (self.idx,)]
+        return t.narrow(dim, self.range[0], self.range[1] - self.range[0]).unflatten(dim, (self.count, self.length))
+
+    def _put(self, full: torch.Tensor, part: torch.Tensor, dim: int) -> None:
+        """Writes part, laid out as :meth:`_tokens` returns it, into the group's tokens of full along ``dim``."""
+        if self.range is None:
+            full[(slice(None),) * dim + (self.idx,)] = part
+        else:
+            self._tokens(full, dim).copy_(part)
+
     def dense(self, t: torch.Tensor) -> torch.Tensor:
         """Tokens of t [T, heads, D] as the dense layout [B_L, heads, L, D] (a view for consecutive documents)."""
-        if self.range is None:
-            return t[self.idx].transpose(1, 2)
-        return t[self.range[0]:self.range[1]].unflatten(0, (self.count, self.length)).transpose(1, 2)
+        return self._tokens(t, 0).transpose(1, 2)
 
     def put(self, full: torch.Tensor, part: torch.Tensor) -> None:
         """Writes part [B_L, heads, L, D] into the group's tokens of full [T, heads, D]."""
-        if self.range is None:
-            full[self.idx] = part.transpose(1, 2)
-        else:
-            self.dense(full).copy_(part)
+        self._put(full, part.transpose(1, 2), 0)
 
     def lse_rows(self, lse: torch.Tensor) -> torch.Tensor:
         """The group's columns of lse [H, T] as [B_L, H, L]."""
-        if self.range is None:
-            return lse[:, self.idx].transpose(0, 1)
-        return lse[:, self.range[0]:self.range[1]].unflatten(1, (self.count, self.length)).transpose(0, 1)
+        return self._tokens(lse, 1).transpose(0, 1)
 
     def put_lse(self, lse: torch.Tensor, part: torch.Tensor) -> None:
-        if self.range is None:
-            lse[:, self.idx] = part.transpose(0, 1)
-        else:
-            self.lse_rows(lse).copy_(part)
+        """Writes part [B_L, H, L] into the group's columns of lse [H, T]."""
+        self._put(lse, part.transpose(0, 1), 1)
 
 
 def _groups(cu_seqlens: torch.Tensor) -> list[_Group]:
