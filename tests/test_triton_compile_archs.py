@@ -5,8 +5,8 @@ Every shipped config of every launch class (kernel, dtypes, head dim or stream c
 a separate process (without TRITON_INTERPRET); each must compile, each class must have a config that fits the
 architecture's shared memory per block (the autotuner leaves the others out on such a device, see
 kernel_dispatch/backends/triton/_autotune.py) or be refused by the registry for it (_fit.NEEDS), and no class may need
-more than _fit.NEEDS says where it says (the registry's reason for a device with less). All slow: about a hundred compiles per architecture (mhc_post, 30
-compiles for sm_89, took 25 minutes on a loaded 2-core machine).
+more than _fit.NEEDS says where it says (the registry's reason for a device with less). All slow: about a hundred
+compiles per architecture (mhc_post, 30 compiles for sm_89, took 25 minutes on a loaded 2-core machine).
 """
 from __future__ import annotations
 
