@@ -3,6 +3,9 @@
 - A large bias (exp2 of it overflows fp32 on its own) at a distance >= 1 with L not a multiple of the tile: the
   tile's rows past L must not form the exponential of their unloaded LSE (they did, and 0 * inf gave NaN in dK,
   dV and dbias).
+- A bias of 1e7 at distance 1 (scores beyond 2^24, where one fp32 ulp is >= 1): the dominant key's P must be 1 in the
+  backward, which recovers LSE2 from the stored natural-log LSE; a round trip one ulp high made it 1/2 (dq wrong
+  by 15x, silently), one ulp low made it 2, and on the GPU an FFMA-fused conversion made it inf.
 - A NaN in q, k, v, bias or tau: the outputs are NaN exactly where golden's are (a NaN score poisons its row; the
   relu must keep NaN, not turn it into 0).
 """
@@ -48,6 +51,19 @@ def test_large_bias_past_the_last_row(L, causal):
     got, ref = _run(tk, t, causal), _golden(t, causal)
     for name in NAMES:
         assert torch.isfinite(got[name]).all(), f"{name}: not finite"
+        err, tol = rel_err(got[name], ref[name]), tolerance("lazy_attention", torch.float32, name)
+        assert err <= tol, f"{name}: rel err {err:.3e} > tol {tol:.3e}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dominant_bias_beyond_two_to_the_24(seed):
+    """Causal only: each row then has one key at distance 1. Without the causal mask a row's keys at m - 1 and
+    m + 1 both carry the bias, and two scores near 1.4e7 differ by less than fp32 resolves there (one ulp is 1 in
+    log2 units): no fp32 kernel can match float64 on such a row."""
+    t = _inputs(6, seed=seed)
+    t["bias"] = torch.tensor([[0.0, 1e7]])
+    got, ref = _run(tk, t, True), _golden(t, True)
+    for name in NAMES:
         err, tol = rel_err(got[name], ref[name]), tolerance("lazy_attention", torch.float32, name)
         assert err <= tol, f"{name}: rel err {err:.3e} > tol {tol:.3e}"
 

@@ -70,6 +70,21 @@ def compile_spec(spec: Mapping[str, Any], arch: int = 90):
                         divisible=spec["divisible"], arch=arch)
 
 
+def sass(cubin: bytes) -> str:
+    """The SASS of a compiled kernel's ``cubin``, disassembled by the cuobjdump that triton ships."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
 def small_async_copies(ptx: str) -> int:
     """How many 4-byte ``cp.async`` copies (one fp32 per thread into shared memory) a kernel's PTX issues."""
     return len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, 0x4\b", ptx))

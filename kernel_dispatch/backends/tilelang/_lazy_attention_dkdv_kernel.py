@@ -23,7 +23,8 @@ are symbolic.
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import LOG2E, Tiles, is_free_tile, mask_of, one_key_probs_macro, relu, score_macro
+from ._lazy_attention_tiles import (LOG2E, Tiles, is_free_tile, lse2_of, mask_of, one_key_probs_macro, p_of, relu,
+                                    score_macro)
 
 ROW_ALIGN = 4  # LP, the row length of LSE, Delta and InvI, is a multiple of this (16 bytes of fp32)
 CONFIGS = {64: Tiles(block_m=64, block_n=128, threads=256, num_stages=2),
@@ -120,7 +121,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                 # branch, so free tiles run without a CTA barrier and the two warpgroups drift apart
                 if is_free_tile(m0v, n0, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
                     for i, j in T.Parallel(BN, BM):
-                        pT[i, j] = T.exp2(sT[i, j] * sc2 - lse_s[j] * LOG2E)
+                        pT[i, j] = p_of(sT[i, j] * sc2 - lse2_of(lse_s[j]))
                         aT_cast[i, j] = relu(pT[i, j] + tau * inv_s[j])
                         dpT[i, j] = dpT[i, j] * mask_of(pT[i, j] + tau * inv_s[j] > 0)
                     for i, j in T.Parallel(BN, BM):
@@ -128,7 +129,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                 else:
                     scores(sT, m0v, n0, lb, sc2, Bias, hv, table)
                     for i, j in T.Parallel(BN, BM):
-                        pT[i, j] = T.exp2(sT[i, j] - lse_s[j] * LOG2E)  # P; 0 where masked
+                        pT[i, j] = p_of(sT[i, j] - lse2_of(lse_s[j]))  # P; 0 where masked
                     one_key_probs(sT, pT, m0v, n0, lb)
                     for i, j in T.Parallel(BN, BM):
                         # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0

@@ -25,7 +25,8 @@ import functools
 
 from ._build import import_tilelang
 from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
-                                    is_one_key_row, key_blocks, mask_of, one_key_rows_macro, row_block, score_macro)
+                                    is_one_key_row, key_blocks, lse2_of, mask_of, one_key_rows_macro, p_of, row_block,
+                                    score_macro)
 
 # 64-key tiles keep the two fp32 accumulators (X, Y) in registers
 CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
@@ -95,7 +96,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
             T.copy(D0[bz, by, m0:m0 + BM], d0)
             for i in T.Parallel(BM):
-                lse2[i] = lse2[i] * LOG2E
+                lse2[i] = lse2_of(lse2[i])
                 inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
                 thr[i] = tau * inv_i[i]
                 d0[i] = T.if_then_else(T.isfinite(d0[i]), d0[i], T.float32(0))  # any row constant will do
@@ -110,7 +111,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                 T.gemm(dO_s, V_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, True):  # nothing to mask: scale folded into the FMA
                     for i, j in T.Parallel(BM, BN):
-                        s[i, j] = T.exp2(s[i, j] * sc2 - lse2[i])
+                        s[i, j] = p_of(s[i, j] * sc2 - lse2[i])
                         dp[i, j] = dp[i, j] * mask_of(s[i, j] + thr[i] > 0)
                 else:
                     scores(s, m0, k * BN, lb, sc2, Bias, by, table)
@@ -118,8 +119,8 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                     for i, j in T.Parallel(BM, BN):
                         # Mk: a visible key (score > -inf, even if P underflows) with P + tau/i > 0
                         dp[i, j] = dp[i, j] * mask_of(T.And(s[i, j] > -T.infinity(f32),
-                                                            T.exp2(s[i, j] - lse2[i]) + thr[i] > 0))
-                        s[i, j] = T.exp2(s[i, j] - lse2[i])
+                                                            p_of(s[i, j] - lse2[i]) + thr[i] > 0))
+                        s[i, j] = p_of(s[i, j] - lse2[i])
                 T.reduce_sum(dp, r_blk, dim=1)
                 for i, j in T.Parallel(BM, BN):
                     g_cast[i, j] = s[i, j] * (dp[i, j] - d0[i])

@@ -15,7 +15,7 @@ import functools
 
 from ._build import import_tilelang
 from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
-                                    key_blocks, one_key_rows_macro, row_block, score_macro)
+                                    key_blocks, lse2_of, one_key_rows_macro, p_of, row_block, score_macro)
 
 CONFIGS = {64: Tiles(block_m=128, block_n=128, threads=256, num_stages=2),
            128: Tiles(block_m=128, block_n=128, threads=256, num_stages=2)}
@@ -68,7 +68,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
             T.copy(LSE[bz, by, m0:m0 + BM], lse2)
             for i in T.Parallel(BM):
                 # rows past L (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
-                lse2[i] = T.if_then_else(m0 + i < L, lse2[i] * LOG2E, T.infinity(f32))
+                lse2[i] = T.if_then_else(m0 + i < L, lse2_of(lse2[i]), T.infinity(f32))
                 thr[i] = tau / T.Cast(f32, (m0 + i + 1) if causal else lb)
             T.clear(acc_o)
             for k in T.Pipelined(n_blocks, num_stages=num_stages):
@@ -78,13 +78,13 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                 if is_free_tile(m0, k * BN, BM, BN, lb, W, False):
                     # nothing to mask: the scale folds into the exponent's FMA
                     for i, j in T.Parallel(BM, BN):
-                        a_cast[i, j] = T.max(T.exp2(s[i, j] * sc2 - lse2[i]) + thr[i], T.float32(0))
+                        a_cast[i, j] = T.max(p_of(s[i, j] * sc2 - lse2[i]) + thr[i], T.float32(0))
                 else:
                     scores(s, m0, k * BN, lb, sc2, Bias, by, table)
                     one_key_rows(s, lse2, m0, k * BN, lb, tmp)
                     for i, j in T.Parallel(BM, BN):  # re-masked: tau > 0 must not reach masked keys
                         a_cast[i, j] = T.if_then_else(s[i, j] > -T.infinity(f32),
-                                                      T.max(T.exp2(s[i, j] - lse2[i]) + thr[i], T.float32(0)),
+                                                      T.max(p_of(s[i, j] - lse2[i]) + thr[i], T.float32(0)),
                                                       T.float32(0))
                 T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             for i, j in T.Parallel(BM, D):

@@ -13,8 +13,8 @@ log-sum-exp over the valid keys, as the golden backend does. B, H, Hkv, L, W are
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_tiles import (LN2, LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile,
-                                    key_end, row_block, score_macro)
+from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, is_free_tile, key_end,
+                                    lse_to_store, row_block, score_macro)
 
 # 256 queries per CTA: four consumer warpgroups
 CONFIGS = {64: Tiles(block_m=256, block_n=128, threads=512, num_stages=2),
@@ -79,7 +79,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles):
                 for i in T.Parallel(BM):
                     denom[i] = denom[i] * T.exp2(row_max_prev[i] - row_max[i]) + row_sum[i]
             for i in T.Parallel(BM):
-                row_sum[i] = (T.log2(denom[i]) + row_max[i]) * LN2
+                row_sum[i] = lse_to_store(T.log2(denom[i]) + row_max[i])
             T.copy(row_sum, LSE[bz, by, m0:m0 + BM])
 
     return lazy_attention_lse

@@ -33,6 +33,35 @@ def relu(x):
     return T.Select(x < 0, T.float32(0), x)
 
 
+def lse2_of(lse):
+    """round(LSE * log2 e) for a stored natural-log LSE, as one rounded product (``__fmul_rn``): nvcc never fuses
+    it into the subtraction S - LSE2 that follows, where an FFMA's exact product differs from the rounded one (with
+    scores near 1e30 by 1e21, and exp2 of that is inf)."""
+    import tilelang.language as T
+
+    return T.call_extern("float32", "__fmul_rn", lse, T.float32(LOG2E))
+
+
+def lse_to_store(lse2):
+    """The natural-log LSE to store for a row whose log2 log-sum-exp is ``lse2``: rounded, then one ulp lower where
+    :func:`lse2_of` of it would exceed ``lse2``, so every pass that recovers LSE2 from it is at most one ulp below
+    the true one (with scores beyond 2^24 a recovered LSE2 one ulp above would make a dominant key's P 1/2 or 0;
+    :func:`p_of` caps the other side)."""
+    import tilelang.language as T
+
+    lse = T.call_extern("float32", "__fmul_rn", lse2, T.float32(LN2))
+    down = T.reinterpret(T.reinterpret(lse, "int32") + T.Select(lse > 0, -1, 1), "float32")
+    return T.Select(lse2_of(lse) > lse2, down, lse)
+
+
+def p_of(x):
+    """P = exp2(min(x, 0)) for x = S - LSE2, keeping NaN (``T.min`` is fminf, which drops it): P <= 1 exactly,
+    whatever the rounding of S and of the recovered LSE2."""
+    import tilelang.language as T
+
+    return T.exp2(T.Select(x > 0, T.float32(0), x))
+
+
 def mask_of(cond):
     """1.0 where ``cond`` holds, else 0.0: dP = dA * Mk as a product, so a NaN dA stays NaN where Mk is 0 (golden's
     dense product), which a select would drop."""

@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from ._autotune import INTERPRETED, autotune
-from ._lazy_attention_fwd import _bias_mask, _document, _launch_class, _one_key_rows, _query_regions, _relu, _valid
+from ._lazy_attention_fwd import (_bias_mask, _document, _launch_class, _one_key_rows, _query_regions, _relu, _valid,
+                                  lse2_of, p_of)
 
 _C = triton.Config
 # dq: BLOCK query rows = keys per tile. BLOCK fixes the layout of the dbias partial sums, which the launcher
@@ -88,7 +89,7 @@ def _bwd_row_sums(r_acc, d_acc, q, do, lse2, taui, k_base, v_base, stride_kn, st
             vt = vt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
-        p = tl.math.exp2(s - lse2[:, None])
+        p = p_of(s - lse2[:, None])
         if MASK:
             p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
         keep = (p + taui[:, None]) > 0
@@ -113,7 +114,7 @@ def _bwd_far(x, y, r_acc, d_acc, q, do, d0, lse2, taui, k_base, v_base, stride_k
         if INTERPRETED:
             k = k.to(tl.float32)
             vt = vt.to(tl.float32)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse2[:, None])
+        p = p_of(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse2[:, None])
         dpm = tl.dot(do, vt, input_precision=PREC) * (p + taui[:, None] > 0).to(tl.float32)
         pdp = p * dpm
         r_acc += tl.sum(dpm, 1)
@@ -146,7 +147,7 @@ def _bwd_dq(dq, carry, carry_seg, q, do, lse2, taui, delta, k_base, v_base, stri
             vt = vt.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
-        p = tl.math.exp2(s - lse2[:, None])
+        p = p_of(s - lse2[:, None])
         if MASK:
             p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
         keep = (p + taui[:, None]) > 0
@@ -234,9 +235,9 @@ def lazy_attention_bwd_dq_kernel(
         do = do.to(tl.float32)
     # rows past lengths[b] get LSE = inf, so exp2(S - LSE) = 0 there: with a large bias S alone overflows
     if VARLEN:
-        lse2 = tl.load(lse_row + offs_m, mask=offs_m < seq_len, other=float("inf")) * 1.4426950408889634
+        lse2 = lse2_of(tl.load(lse_row + offs_m, mask=offs_m < seq_len, other=float("inf")))
     else:
-        lse2 = tl.load(LSE + bh64 * L + offs_m, mask=offs_m < seq_len, other=float("inf")) * 1.4426950408889634
+        lse2 = lse2_of(tl.load(LSE + bh64 * L + offs_m, mask=offs_m < seq_len, other=float("inf")))
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
     bias_row = Bias + h * stride_bh
@@ -315,7 +316,7 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
         if INTERPRETED:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < kv_len, other=float("inf")) * 1.4426950408889634  # as in dq
+        lse2 = lse2_of(tl.load(lse_base + offs_m, mask=offs_m < kv_len, other=float("inf")))  # as in dq
         delta = tl.load(delta_base + offs_m, mask=offs_m < kv_len, other=0.0)
         if CAUSAL:
             taui = tau / (offs_m + 1).to(tl.float32)
@@ -323,7 +324,7 @@ def _bwd_dkdv(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, st
             taui = tau / (tl.zeros([BLOCK_M], dtype=tl.float32) + kv_len)
         st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         st = _bias_mask(st, offs_m[None, :], offs_n[:, None], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
-        pt = tl.math.exp2(st - lse2[None, :])
+        pt = p_of(st - lse2[None, :])
         if MASK:
             pt = _one_key_rows(pt, offs_m[None, :], offs_n[:, None], kv_len, CAUSAL)
         shifted = pt + taui[None, :]

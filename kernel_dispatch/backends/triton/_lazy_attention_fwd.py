@@ -22,6 +22,8 @@ import triton.language as tl
 from ._autotune import INTERPRETED, autotune
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 def config_class(dtype: torch.dtype, head_dim: int) -> tuple[str, int]:
@@ -102,6 +104,36 @@ def _bias_mask(s, m_idx, n_idx, bias_row, stride_bw, W, kv_len, CAUSAL: tl.const
 def _relu(x):
     """max(x, 0) keeping NaN (a NaN score, bias or tau poisons its row, as golden's torch.relu does)."""
     return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def lse_to_store(lse2):
+    """(LSE to store, LSE2 every pass uses) for rows whose log2 log-sum-exp is ``lse2`` [BLOCK_M] fp32.
+
+    The stored LSE is natural log; every pass that forms P from it recovers LSE2 with :func:`lse2_of`. That
+    round trip can land one ulp above ``lse2``: with scores beyond 2^24 (one ulp >= 1) a dominant key's
+    P = exp2(S - LSE2) would then be 1/2 or 0 instead of 1. So the stored value steps one ulp down where its
+    round trip exceeds ``lse2``: the recovered LSE2 is then at most one ulp below it, and :func:`p_of` caps the
+    exponent at 0. The forward's own second sweep uses the recovered LSE2 too, so it forms the backward's P.
+    """
+    lse = lse2 * _LN2
+    down = (lse.to(tl.int32, bitcast=True) + tl.where(lse > 0, -1, 1)).to(tl.float32, bitcast=True)
+    lse = tl.where(lse2_of(lse) > lse2, down, lse)
+    return lse, lse2_of(lse)
+
+
+@triton.jit
+def lse2_of(lse):
+    """round(LSE * log2 e), as one rounded product: an fma with a zero addend, which the compiler cannot fuse
+    into the subtraction S - LSE2 that follows (ptxas turns a plain product there into an FFMA whose exact
+    product differs from the rounded one: with scores near 1e30, by 1e21, and exp2 of that is inf)."""
+    return tl.fma(lse, _LOG2E, 0.0)
+
+
+@triton.jit
+def p_of(x):
+    """P = exp2(min(x, 0)) for x = S - LSE2, keeping NaN: P <= 1 exactly, whatever the rounding of S and LSE2."""
+    return tl.math.exp2(tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL))
 
 
 @triton.jit
@@ -196,7 +228,7 @@ def _fwd_out(acc, q, lse2, taui, k_base, v_base, stride_kn, stride_kd, stride_vn
             v = v.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         s = _bias_mask(s, offs_m[:, None], offs_n[None, :], bias_row, stride_bw, W, kv_len, CAUSAL, BIAS, MASK)
-        p = tl.math.exp2(s - lse2[:, None])
+        p = p_of(s - lse2[:, None])
         if MASK:
             p = _one_key_rows(p, offs_m[:, None], offs_n[None, :], kv_len, CAUSAL)
         a = _relu(p + taui[:, None])
@@ -269,11 +301,11 @@ def lazy_attention_fwd_kernel(
                           seq_len, L, qk_scale, CAUSAL, True, False, HEAD_DIM, BLOCK_N, PREC)
     m_i, l_i = _fwd_stats(q, m_i, l_i, k_base, stride_kn, stride_kd, bias_row, stride_bw, offs_m, mask, end, W,
                           seq_len, L, qk_scale, CAUSAL, True, True, HEAD_DIM, BLOCK_N, PREC)
-    lse2 = m_i + tl.math.log2(l_i)
+    lse, lse2 = lse_to_store(m_i + tl.math.log2(l_i))
     if VARLEN:
-        tl.store(lse_row + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
+        tl.store(lse_row + offs_m, lse, mask=offs_m < L)
     else:
-        tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse2 * 0.6931471805599453, mask=offs_m < L)
+        tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse, mask=offs_m < L)
 
     # rows at or past lengths[b] are zero: a block of padded rows skips the second sweep
     end = tl.where(start_m < seq_len, end, 0)
