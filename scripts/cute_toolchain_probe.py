@@ -97,9 +97,13 @@ def pack(tar_path: Path, tvm_ffi_wheel: Path) -> None:
 def run(out: Path, runtime: Path) -> None:
     """Load the prebuilt kernel without the DSL and check it against torch at three runtime lengths."""
     ctypes.CDLL(str(runtime / "lib" / "libcute_dsl_runtime.so"), mode=ctypes.RTLD_GLOBAL)
-    sys.path.insert(0, str(runtime / "site"))
+    # an installed tvm_ffi wins (TileLang 0.1.15 brings 0.1.12, which loads these objects): two versions in one
+    # process do not mix (the packed 0.1.15 bindings resolved against TileLang's libtvm_ffi.so: undefined symbol)
+    sys.path.append(str(runtime / "site"))
     import torch
     import tvm_ffi
+
+    print(f"tvm_ffi {tvm_ffi.__version__} from {Path(tvm_ffi.__file__).parent}")
 
     assert "cutlass" not in sys.modules, "the prebuilt route must not import the DSL"
     manifest = json.loads((out / "manifest.json").read_text())

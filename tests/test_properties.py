@@ -14,7 +14,8 @@ Budget: the settings profile HYPOTHESIS_PROFILE names (``cpu``: a few fixed-seed
 random seeds, for hunting). Without it, ``gpu`` on a CUDA machine and ``cpu`` elsewhere. HYPOTHESIS_BACKENDS (a comma
 list) limits the backends checked against golden: a TileLang kernel is built per head dim or mHC feature size, about
 20 s each, so a GPU run over drawn sizes is budgeted for Triton (TileLang's sizes: the equivalence matrix). Examples a
-run has found stay below as @example regression cases. HYPOTHESIS_SHRINK=0 reports a failing draw unshrunk.
+run has found stay below as @example regression cases. HYPOTHESIS_SHRINK=0 reports a failing draw unshrunk;
+HYPOTHESIS_VERBOSE=1 (with pytest -s) prints each example as it starts.
 """
 from __future__ import annotations
 
@@ -29,14 +30,16 @@ from kernel_dispatch.ops.lazy_attention_cases import away_from_kink, fused_qkv, 
 from kernel_dispatch.testing import layouts, matrix
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[test]')")
-from hypothesis import HealthCheck, Phase, assume, example, given, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, Verbosity, assume, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 BACKENDS = [b for b in registry.BACKEND_NAMES
             if b in (os.environ.get("HYPOTHESIS_BACKENDS") or ",".join(registry.BACKEND_NAMES)).split(",")]
 DEVICE = "cuda" if ON_GPU else "cpu"
+# HYPOTHESIS_VERBOSE=1 (with pytest -s): every example as it runs, for a GPU run cut off by its time limit
 _COMMON = dict(deadline=None, database=None, print_blob=True,
+               verbosity=Verbosity.verbose if os.environ.get("HYPOTHESIS_VERBOSE") == "1" else Verbosity.normal,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 settings.register_profile("cpu", max_examples=5, derandomize=True, **_COMMON)
 # HYPOTHESIS_SHRINK=0: report the first failing draw as found (on a GPU each shrinking step compiles new kernels)
