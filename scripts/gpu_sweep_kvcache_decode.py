@@ -1,6 +1,6 @@
 """Which launch configuration of the Triton KV-cache decode kernels is fastest, shape by shape.
 
-    python scripts/gpu_sweep_kvcache_decode.py [--kv-shapes 1x4K,16x4K] [--json out.json] [--shipped-only]
+    python scripts/gpu_sweep_kvcache_decode.py [--kv-shapes 1x4K,16x4K] [--json out.json]
 
 At each decode shape of the benchmark (bf16, H=32, Hkv=8, D=128, W=512, Lq=1, every row full) it times the shipped
 configuration (``TILES``, ``POLICY`` in kernel_dispatch/backends/triton/lazy_attention_with_kvcache.py), then every
@@ -47,8 +47,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bench.add_arguments(p)
     p.add_argument("--json", help="write every measurement to this file")
-    p.add_argument("--shipped-only", action="store_true",
-                   help="only the shipped configuration, with and without the reduce kernel (no policy x tile sweep)")
     args = p.parse_args()
     args.W = None
     dev = torch.device("cuda")
@@ -80,9 +78,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001  a configuration that does not fit is a result too
                 rows.append((label, float("inf"), float("nan"), {"error": str(e)[:80]}))
 
-        measure("shipped, the last split sums (no reduce kernel)", last_sums=True)
-        measure("shipped, a reduce kernel", last_sums=False)
-        for pol, tl_ in itertools.product(POLICIES, TILES) if not args.shipped_only else ():
+        for pol, tl_ in itertools.product(POLICIES, TILES):
             measure(f"{pol.ctas_per_sm}/SM min {pol.min_keys}, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}",
                     policy=pol, tiles=tl_)
         best = min(rows, key=lambda r: r[1])
@@ -92,8 +88,7 @@ def main() -> None:
             print(f"  {label:48s} {t_ms * 1e3:9.1f} us  x cuDNN {t_ms / cudnn:5.2f}  SOL {sol_ms / t_ms:5.1%}  "
                   f"max|diff| {diff:.1e}  {over.get('error', '')}")
         over = {k: v for k, v in best[3].items() if k != "error"}
-        for label, fn in (("shipped", run), ("best", lambda: run(**over)), ("last split sums",
-                                                                          lambda: run(last_sums=True))):
+        for label, fn in (("shipped", run), ("best", lambda: run(**over))):
             print(f"  kernels, {label}: " + ", ".join(f"{k.split('(')[0]} {v:.1f} us" for k, v in
                                                       kernel_us(fn).items()))
         results.append({"shape": s.as_dict(), "cudnn_ms": cudnn, "sol_ms": sol_ms,

@@ -64,17 +64,14 @@ CASE = {c.name: c for c in CASES}
 
 @dataclass(frozen=True)
 class Path:
-    """A way through the Triton launcher: ``splits``/``keep``/``last_sums`` as its forward takes them (None: its own
-    choice)."""
+    """A way through the Triton launcher: ``splits``/``keep`` as its forward takes them (None: its own choice)."""
     name: str
     splits: int | None = None
     keep: bool | None = None
-    last_sums: bool | None = None
 
 
 TRITON_PATHS = [Path("auto"), Path("one_split", splits=1), Path("recompute", splits=3, keep=False),
-                Path("keep", splits=2, keep=True), Path("reduce_kernel", splits=3, keep=True, last_sums=False),
-                Path("last_split_sums", splits=3, keep=False, last_sums=True)]
+                Path("keep", splits=2, keep=True)]
 # the cases every Triton path runs on in the quick suite (the rest: "auto" only, other paths marked slow)
 QUICK_PATH_CASES = {"decode_one_key", "decode_ragged", "prefill_lq7", "tau_positive", "noncontig"}
 
@@ -132,8 +129,8 @@ def _forward(backend: str, inp, path: Path | None = None) -> torch.Tensor:
         mod = importlib.import_module(MODULES[backend])
     except ImportError as e:
         pytest.skip(f"{backend}: cannot import ({e})")
-    if path is not None and (path.splits, path.keep, path.last_sums) != (None, None, None):
-        return mod.forward(*inp, splits=path.splits, keep=path.keep, last_sums=path.last_sums)
+    if path is not None and (path.splits is not None or path.keep is not None):
+        return mod.forward(*inp, splits=path.splits, keep=path.keep)
     return mod.forward(*inp)
 
 
@@ -244,16 +241,3 @@ def test_split_count_fills_the_gpu_from_shapes():
     assert num_splits(16 * 8, 32 * 1024, sms, POLICY) == POLICY.ctas_per_sm * sms // 128
     assert num_splits(1, 1 << 20, sms, POLICY) == POLICY.max_splits
     assert keep_scores(4, 128, 2) and not keep_scores(256, 128, 2)  # decode keeps its scores, Lq = 64 re-reads K
-
-
-def test_last_split_sums_rearms_its_counters():
-    """The split that arrives last re-arms its arrival counter: after a call every counter is 0 again, so the next
-    call (or a CUDA-graph replay) counts from zero, and a rerun is bitwise equal."""
-    from kernel_dispatch.backends.triton import lazy_attention_with_kvcache as kv
-
-    inp = make_inputs(CASE["decode_ragged"], torch.float32)
-    first = kv.forward(*inp, splits=3, last_sums=True)
-    counters = [buf for (device, _), buf in kv._COUNTERS.items() if device == inp[0].device]
-    assert counters, "no arrival counters were used"
-    assert all(int(buf.abs().sum()) == 0 for buf in counters), "a counter was left armed"
-    assert torch.equal(kv.forward(*inp, splits=3, last_sums=True), first)

@@ -262,9 +262,8 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                 t = kv.KVCacheTiles(max(16, min(t.block_m, 1 << max(0, r - 1).bit_length())), t.block_n, t.num_warps,
                                  t.num_stages)
                 variants = [("lse", dict(KEEP=k)) for k in (True, False)]
-                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128, LAST_SUMS=False))
-                             for k in (True, False) for dr in (True, False)]
-                variants += [("out", dict(KEEP=k, DIRECT=False, NS_POW2=128, LAST_SUMS=True)) for k in (True, False)]
+                variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
+                             for dr in (True, False)]
                 variants += [("reduce", {})]
                 for name, extra in variants:
                     fn = kernels[name]
@@ -274,12 +273,12 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                             sig[arg] = "*" + _KV_DTYPE[dt]
                         elif arg in _KV_FP32_POINTERS:
                             sig[arg] = "*fp32"
-                        elif arg in ("Seqlens", "COUNT"):
+                        elif arg == "Seqlens":
                             sig[arg] = "*i32"
                         elif arg == "qk_scale":
                             sig[arg] = "fp32"
                         elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BLOCK_D", "SPLIT_BLOCK", "NS_POW2", "KEEP", "DIRECT", "UPCAST",
-                                     "PREC", "LAST_SUMS"):
+                                     "PREC"):
                             continue
                         else:
                             sig[arg] = "i32"

@@ -190,14 +190,10 @@ def kvcache_out_kernel(
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
-        Hkv, G, LQ, R, W, NS, qk_scale, COUNT,
+        Hkv, G, LQ, R, W, NS, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
-        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-        LAST_SUMS: tl.constexpr = False):
-    """Pass 2, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's share of O (all of it when DIRECT).
-
-    LAST_SUMS (NS > 1): COUNT holds one zeroed int32 arrival counter per (B * Hkv, row block); the split that
-    arrives last sums the partials (:func:`_sum_if_last`), so no reduce kernel runs."""
+        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Pass 2, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's share of O (all of it when DIRECT)."""
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // Hkv
@@ -230,29 +226,6 @@ def kvcache_out_kernel(
     else:
         op_ptr = O_PART + split * stride_op_s + bk * stride_op_bk + offs_r[:, None] * stride_op_r + offs_d[None, :]
         tl.store(op_ptr, acc, mask=(row_ok & (offs_r * 0 + lo < hi))[:, None])
-        if LAST_SUMS:
-            o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
-                     + offs_d[None, :] * stride_od)
-            _sum_if_last(COUNT + bk * tl.num_programs(2) + tl.program_id(2), O_PART + bk * stride_op_bk
-                         + offs_r[:, None] * stride_op_r + offs_d[None, :], o_ptr, row_ok, tl.cdiv(n_b, chunk), NS,
-                         stride_op_s, HEAD_DIM, BLOCK_M)
-
-
-@triton.jit
-def _sum_if_last(counter, part, o_ptr, row_ok, n_used, NS, stride_op_s, HEAD_DIM: tl.constexpr,
-                 BLOCK_M: tl.constexpr):
-    """Count this split's arrival; the split that arrives last for its (b, hk, row block) sums the partials of the
-    ``n_used`` non-empty splits in split order (a fixed order: reruns are bitwise equal), writes O and re-arms the
-    counter (0) for the next call. The CTA barrier orders every thread's partial store before the count (a release
-    at GPU scope); the partials are read from L2 (.cg), past any stale L1 line."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == NS - 1:
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        for s in range(0, n_used):
-            acc += tl.load(part + s * stride_op_s, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-        tl.store(o_ptr, acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -44,7 +44,6 @@ INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
 REDUCE_BLOCK_M = 16
 REDUCE_BLOCK_D = 32  # the reduce's programs also split the head dim: a decode step has few rows
 REDUCE_SPLIT_BLOCK = 16  # partials of that many splits loaded at once
-LAST_SUMS = True  # the last split of each row sums the partials (no reduce kernel); docs/kvcache-decode.md
 
 
 def tiles_for(dtype: torch.dtype, rows: int, base: KVCacheTiles | None = None) -> KVCacheTiles:
@@ -83,34 +82,11 @@ def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
         raise ValueError(f"seqlens_k: expected int32 [B] = [{B}], got {seqlens_k.dtype} {tuple(seqlens_k.shape)}")
 
 
-_COUNTERS: dict[tuple, torch.Tensor] = {}  # (device, stream) -> the arrival counters in use
-_RETIRED: list[torch.Tensor] = []  # outgrown counters, alive for the CUDA graphs that captured their address
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """``n`` zeroed int32 arrival counters of pass 2 (the kernel re-arms each counter it uses, so they stay zero
-    between calls), one buffer per device and stream, never freed (a captured CUDA graph keeps its address). None
-    while a graph is being captured and no buffer exists yet: one allocated there would belong to the graph's pool
-    and start unzeroed."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
-
-
 def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
-            keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None,
-            last_sums: bool | None = None):
+            keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None):
     """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
 
     ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path);
-    ``last_sums`` (with more than one split: the last split of each row sums the partials instead of a reduce
-    kernel) overrides ``LAST_SUMS``;
     ``tiles`` (its block_m cut down to R as :func:`tiles_for` does) and ``policy`` override ``TILES`` and ``POLICY``
     (scripts/gpu_sweep_kvcache_decode.py measures the alternatives).
     """
@@ -140,19 +116,14 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
                  num_stages=tiles.num_stages)
     grid = (ns, B * Hkv, m_blocks)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
-    counters = None
-    if ns > 1 and (LAST_SUMS if last_sums is None else last_sums):
-        counters = _arrival_counters(dev, B * Hkv * m_blocks)
     kvcache_lse_kernel[grid](q, k_cache, bias32, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
                              bias32.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
                              lse_part.stride(1), *shape_args, **flags)
     kvcache_out_kernel[grid](q, k_cache, v_cache, bias32, tau32, seqlens, scores, lse_part, o, o_part, *q.stride(),
                              *k_cache.stride(), *v_cache.stride(), *o.stride(), bias32.stride(0), scores.stride(0),
                              scores.stride(1), lse_part.stride(0), lse_part.stride(1), *o_part.stride()[:3],
-                             *shape_args, seqlens if counters is None else counters,
-                             NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, LAST_SUMS=counters is not None,
-                             **flags)
-    if ns > 1 and counters is None:
+                             *shape_args, NS_POW2=triton.next_power_of_2(ns), DIRECT=ns == 1, **flags)
+    if ns > 1:
         bm, bd = reduce_block_m(R), min(REDUCE_BLOCK_D, D)
         kvcache_reduce_kernel[(B * Hkv, triton.cdiv(R, bm), D // bd)](
             o_part, o, seqlens, *o_part.stride()[:3], *o.stride(), Hkv, G, Lq, R, ns, HEAD_DIM=D, BLOCK_M=bm,
