@@ -5,7 +5,8 @@ packages nvidia-cuda-nvcc / nvidia-cuda-cccl; without a compiler the test fails 
 install. Each factory is built once, bf16 at head dim 64 (causal, and non-causal for the kernels
 whose mask differs), with the launcher's tile configuration, and its generated source must not hand a
 shared buffer back to the TMA producer while an async wgmma still reads it, and must send its output tiles
-through shared memory by TMA stores that follow a barrier and an async-proxy fence (tests/async_release.py).
+through shared memory by TMA stores that follow a barrier and an async-proxy fence (tests/async_release.py), and
+must convert the stored LSE to log2 units by one rounded product.
 Numerics run on a GPU only (the equivalence matrix and tests/test_determinism_gpu.py, marked gpu).
 """
 import glob
@@ -32,6 +33,10 @@ MEMORY_KERNELS = {"row_dot"}  # no GEMM, plain vector loads
 # hoists out of its masked branch; with its dbias work after the GEMMs it would run 3, 1.58 against 1.50 ms on an
 # H100).
 SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 0), "dq_delta": ("k_1", 0), "dkdv": ("it_1", 1)}
+# Kernels that write (lse) or read back the natural-log LSE: the conversion to log2 units is one rounded product
+# (__fmul_rn); nvcc would fuse a plain product into the exponent's FFMA, whose exact product differs from the
+# rounded one (P = inf with scores near 1e30; the Triton backward did that on an H100).
+LSE_ROUND_TRIP = {"lse", "fwd", "dq_delta", "dkdv"}
 BUILDS = [("lse", True), ("lse", False), ("fwd", True), ("row_dot", True), ("dq_delta", True), ("dq_delta", False),
           ("dkdv", True), ("dkdv", False)]
 
@@ -61,6 +66,8 @@ def test_factory_builds_cubin_for_sm90a(name, causal, toolkit, tmp_path, monkeyp
     stores = {d for d in set().union(*TMA_STORES.values()) if f"tma_store({d}," in src}
     assert stores == TMA_STORES[name], f"{name}: TMA stores of {sorted(stores)}, expected {sorted(TMA_STORES[name])}"
     assert not unfenced_stores(src), f"{name}: " + "; ".join(unfenced_stores(src))
+    if name in LSE_ROUND_TRIP:
+        assert "__fmul_rn(" in src, f"{name}: the LSE's log2 e conversion is not one rounded product (__fmul_rn)"
     if name in SWEEP_BARRIERS:
         var, most = SWEEP_BARRIERS[name]
         n = top_level_barriers(src, f"int {var} = 0")
