@@ -3,6 +3,7 @@
 Each rank reads its own shard of the data, so without gradient synchronisation the ranks'
 parameters would drift apart after the first step.
 """
+import gc
 import os
 import socket
 import subprocess
@@ -42,7 +43,13 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from kernel_dispatch.training import loop
 
     data = tcfg.apply_overrides(TINY, [("train.out_dir", out_dir), ("train.dist", "ddp")])
+    gc.disable()  # cycles go only where the code collects them: the check below does not depend on GC timing
     result = loop.train(tcfg.from_mapping(data, "test"))
+    gc.enable()
+    # the DDP wrapper (in a reference cycle; its reducer holds the process group's backend) is freed before the
+    # group is destroyed, not at interpreter exit (where its threads could abort the process)
+    leftover = [o for o in gc.get_objects() if isinstance(o, torch.nn.parallel.DistributedDataParallel)]
+    assert not leftover, f"rank {rank}: {len(leftover)} DistributedDataParallel wrapper(s) outlive the run"
     torch.save({"params": result.model.state_dict(), "history": result.history}, Path(out_dir) / f"rank{rank}.pt")
 
 

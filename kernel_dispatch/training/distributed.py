@@ -5,6 +5,7 @@ Under torchrun: gloo on CPU, nccl on CUDA (one GPU per local rank).
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -99,7 +100,13 @@ def gather_objects(obj, env: DistEnv) -> list:
 
 
 def teardown(env: DistEnv) -> None:
-    """Leave the process group (if this process joined one)."""
+    """Leave the process group (if this process joined one).
+
+    The checkpoint's state-dict walk (torch.distributed.checkpoint.state_dict: a recursive closure over a set of
+    visited modules) leaves a reference cycle that holds the DDP wrapper, whose reducer keeps the process group's
+    backend alive; collected only at interpreter exit, that backend can abort the finished process ("terminate
+    called without an active exception", SIGABRT). So the cycles are collected first, while the group exists."""
     if env.distributed and dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
