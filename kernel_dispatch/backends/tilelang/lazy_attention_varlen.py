@@ -4,8 +4,8 @@
 q [T, H, D], k, v [T, Hkv, D] fp16/bf16 (any strides), bias [H, W], tau [H] fp32, cu_seqlens [N + 1] int32.
 The documents of each length L form one dense batch [B_L, H, L, D] (a view of the packed rows where they are
 consecutive, else gathered by token index) and run through the fixed-length ``forward`` / ``backward`` with
-lengths=None (no padding, so no lengths), ascending in L; the results are written back to the packed rows (golden's per-length driver,
-:func:`kernel_dispatch.golden.lazy_attention_varlen.forward_by_length`). O [T, H, D] in q's dtype, LSE [H, T] fp32
+lengths=None (no padding, so no lengths), ascending in L; the results are written back to the packed rows
+(golden's per-length driver, :func:`kernel_dispatch.golden.lazy_attention_varlen.forward_by_length`). O [T, H, D] in q's dtype, LSE [H, T] fp32
 (natural log). dbias and dtau sum the per-length results in ascending length in float64, then are cast: bitwise
 reproducible.
 
