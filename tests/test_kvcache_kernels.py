@@ -64,14 +64,20 @@ CASE = {c.name: c for c in CASES}
 
 @dataclass(frozen=True)
 class Path:
-    """A way through the Triton launcher: ``splits``/``keep`` as its forward takes them (None: its own choice)."""
+    """A way through the Triton launcher: ``splits``/``keep``/``fuse`` as its forward takes them (None: its own
+    choice)."""
     name: str
     splits: int | None = None
     keep: bool | None = None
+    fuse: bool | None = None
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in (("splits", self.splits), ("keep", self.keep), ("fuse", self.fuse)) if v is not None}
 
 
-TRITON_PATHS = [Path("auto"), Path("one_split", splits=1), Path("recompute", splits=3, keep=False),
-                Path("keep", splits=2, keep=True)]
+TRITON_PATHS = [Path("auto"), Path("one_split", splits=1), Path("one_split_two_kernels", splits=1, fuse=False),
+                Path("recompute", splits=3, keep=False), Path("keep", splits=2, keep=True),
+                Path("one_split_recompute", splits=1, keep=False)]
 # the cases every Triton path runs on in the quick suite (the rest: "auto" only, other paths marked slow)
 QUICK_PATH_CASES = {"decode_one_key", "decode_ragged", "prefill_lq7", "tau_positive", "noncontig"}
 
@@ -129,9 +135,7 @@ def _forward(backend: str, inp, path: Path | None = None) -> torch.Tensor:
         mod = importlib.import_module(MODULES[backend])
     except ImportError as e:
         pytest.skip(f"{backend}: cannot import ({e})")
-    if path is not None and (path.splits is not None or path.keep is not None):
-        return mod.forward(*inp, splits=path.splits, keep=path.keep)
-    return mod.forward(*inp)
+    return mod.forward(*inp, **(path.overrides() if path is not None else {}))
 
 
 def _skip_reason(backend: str, dtype: torch.dtype, case: KVCase) -> str | None:
@@ -228,6 +232,17 @@ def test_nan_score_poisons_its_rows(backend):
     assert err <= tolerance("lazy_attention", torch.float32, "o"), f"o outside the NaN rows: rel err {err:.3e}"
 
 
+@pytest.mark.parametrize("name", ["decode_ragged", "prefill_lq7", "tau_positive", "noncontig"])
+@pytest.mark.parametrize("keep", [True, False])
+def test_fused_one_split_equals_the_two_passes_bitwise(name, keep):
+    """With one split the fused kernel runs pass 1 and pass 2 in one program: the same operations in the same
+    order, so the same bits as the two kernels."""
+    inp, _ = _reference(CASE[name], torch.float16)
+    fused = _forward("triton", inp, Path("fused", splits=1, keep=keep, fuse=True))
+    two = _forward("triton", inp, Path("two", splits=1, keep=keep, fuse=False))
+    assert torch.equal(fused, two), f"o: max |fused - two kernels| = {(fused.float() - two.float()).abs().max():.3e}"
+
+
 def test_split_count_fills_the_gpu_from_shapes():
     """The split count: enough programs for the policy's CTAs per SM, at most one split per min_keys keys of the
     capacity, one split when the batch alone fills the GPU (H100: 132 SMs; the Triton launcher's policy)."""
@@ -240,4 +255,6 @@ def test_split_count_fills_the_gpu_from_shapes():
     assert num_splits(64 * 8, 4096, sms, POLICY) == 1
     assert num_splits(16 * 8, 32 * 1024, sms, POLICY) == POLICY.ctas_per_sm * sms // 128
     assert num_splits(1, 1 << 20, sms, POLICY) == POLICY.max_splits
+    FILL = SplitPolicy(ctas_per_sm=2, min_keys=128, one_split_fill=0.9)  # one program per row fills 90% of the SMs
+    assert num_splits(16 * 8, 4096, sms, FILL) == 1 and num_splits(14 * 8, 4096, sms, FILL) == 2
     assert keep_scores(4, 128, 2) and not keep_scores(256, 128, 2)  # decode keeps its scores, Lq = 64 re-reads K

@@ -16,14 +16,19 @@ import torch
 class SplitPolicy:
     """Programs for ``ctas_per_sm`` per SM in all (a memory-bound pass needs the whole GPU), no split of a full
     cache shorter than ``min_keys`` keys (a multiple of the kernels' key tile), and at most ``max_splits`` (the
-    output pass reads every split's partial LSE of its rows at once)."""
+    output pass reads every split's partial LSE of its rows at once). With ``one_split_fill``, one split whenever
+    one program per batch row and kv head (and row block) fills that fraction of the SMs: one split needs no wait
+    between the passes, so both run in one kernel."""
     ctas_per_sm: int
     min_keys: int
     max_splits: int = 128
+    one_split_fill: float | None = None
 
 
 def num_splits(programs: int, capacity: int, sms: int, policy: SplitPolicy) -> int:
     """Splits of each batch row's keys, given ``programs`` = B * Hkv * row blocks and the cache capacity S."""
+    if policy.one_split_fill is not None and programs >= policy.one_split_fill * sms:
+        return 1
     want = max(1, policy.ctas_per_sm * sms // max(programs, 1))
     return max(1, min(want, -(-capacity // policy.min_keys), policy.max_splits))
 

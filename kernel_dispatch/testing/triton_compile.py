@@ -247,14 +247,16 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
 
     Yields dicts: id, fn, signature, constexprs, num_warps, num_stages, divisible. ``rows``: the R = (H / Hkv) * Lq
     values whose tiles to build (1: decode without GQA; 4: decode with H / Hkv = 4; 256: Lq = 64). The out kernel is built with and
-    without kept scores and with and without the direct store; strides are typed as a contiguous launch
+    without kept scores and with and without the direct store, the lse and fused kernels with and without kept
+    scores; strides are typed as a contiguous launch
     specializes them (unit D strides constant, the others multiples of 16).
     """
     from ..backends.triton import lazy_attention_with_kvcache as kv
 
     head_dims = kv.HEAD_DIMS if head_dims is None else head_dims
     dtypes = kv.DTYPES if dtypes is None else dtypes
-    kernels = {"lse": kv.kvcache_lse_kernel, "out": kv.kvcache_out_kernel, "reduce": kv.kvcache_reduce_kernel}
+    kernels = {"lse": kv.kvcache_lse_kernel, "out": kv.kvcache_out_kernel, "reduce": kv.kvcache_reduce_kernel,
+               "fused": kv.kvcache_fused_kernel}
     for dt in dtypes:
         for d in head_dims:
             for r in rows:
@@ -265,6 +267,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                 variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
                              for dr in (True, False)]
                 variants += [("reduce", {})]
+                variants += [("fused", dict(KEEP=k)) for k in (True, False)]
                 for name, extra in variants:
                     fn = kernels[name]
                     sig, div = {}, []

@@ -99,6 +99,31 @@ def _online(m_i, l_i, s):
 
 
 @triton.jit
+def _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, lo, hi, n_b, pos, LQ, W, qk_scale,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr, HEAD_DIM: tl.constexpr,
+               UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """The log2-domain LSE [BLOCK_M] of each row over keys [lo, hi), their scores stored (KEEP) on the way."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
+    for start in range(lo, free_end, BLOCK_N):
+        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
+        s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, False, HEAD_DIM,
+                        UPCAST, PREC)
+        if KEEP:
+            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
+        m_i, l_i = _online(m_i, l_i, s)
+    for start in range(free_end, hi, BLOCK_N):
+        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
+        s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, True, HEAD_DIM,
+                        UPCAST, PREC)
+        if KEEP:  # a tile past hi ends past n_b (split boundaries are whole tiles): no other split's keys
+            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
+        m_i, l_i = _online(m_i, l_i, s)
+    return m_i + tl.math.log2(l_i)
+
+
+@triton.jit
 def kvcache_lse_kernel(
         Q, K, Bias, Seqlens, SCORES, LSE_PART,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -120,24 +145,8 @@ def kvcache_lse_kernel(
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
-    for start in range(lo, free_end, BLOCK_N):
-        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
-        s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, False, HEAD_DIM,
-                        UPCAST, PREC)
-        if KEEP:
-            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
-        m_i, l_i = _online(m_i, l_i, s)
-    for start in range(free_end, hi, BLOCK_N):
-        offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
-        s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, True, HEAD_DIM,
-                        UPCAST, PREC)
-        if KEEP:  # a tile past hi ends past n_b (split boundaries are whole tiles): no other split's keys
-            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
-        m_i, l_i = _online(m_i, l_i, s)
-    lse2 = m_i + tl.math.log2(l_i)
+    lse2 = _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, lo, hi, n_b, pos, LQ, W, qk_scale,
+                      BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
     tl.store(LSE_PART + split * stride_lp_s + bk * stride_lp_bk + offs_r, lse2, mask=row_ok & (offs_r * 0 + lo < hi))
 
 
@@ -183,6 +192,28 @@ def _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, st
 
 
 @triton.jit
+def _split_out(q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, n_b, pos, brow,
+               LQ, W, qk_scale, lse2, taui, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
+               HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """The fp32 share [BLOCK_M, HEAD_DIM] of O of keys [lo, hi): the bias-free leading blocks, then the band."""
+    free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, free_end,
+                     pos, brow, W, qk_scale, lse2, taui, False, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, free_end, hi,
+                     pos, brow, W, qk_scale, lse2, taui, True, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    return acc
+
+
+@triton.jit
+def _store_o(O, acc, b, h, j, row_ok, stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
+             + offs_d[None, :] * stride_od)
+    tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def kvcache_out_kernel(
         Q, K, V, Bias, Tau, Seqlens, SCORES, LSE_PART, O, O_PART,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -202,7 +233,6 @@ def kvcache_out_kernel(
     lo, hi, chunk = _split_range(n_b, split, NS, BLOCK_N)
     offs_r, rr, h, j, pos = _row_block(tl.program_id(2) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
     row_ok = offs_r < R
-    offs_d = tl.arange(0, HEAD_DIM)
     lse2 = _final_lse(LSE_PART, bk, rr, tl.cdiv(n_b, chunk), stride_lp_s, stride_lp_bk, NS_POW2)
     taui = tl.load(Tau + h) / (pos + 1).to(tl.float32)
     if KEEP:
@@ -213,19 +243,48 @@ def kvcache_out_kernel(
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
-    free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, free_end,
-                     pos, brow, W, qk_scale, lse2, taui, False, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
-    acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, free_end, hi,
-                     pos, brow, W, qk_scale, lse2, taui, True, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+    acc = _split_out(q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, n_b, pos,
+                     brow, LQ, W, qk_scale, lse2, taui, BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
     if DIRECT:
-        o_ptr = (O + b.to(tl.int64) * stride_ob + h[:, None].to(tl.int64) * stride_oh + j[:, None] * stride_om
-                 + offs_d[None, :] * stride_od)
-        tl.store(o_ptr, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+        _store_o(O, acc, b, h, j, row_ok, stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
     else:
+        offs_d = tl.arange(0, HEAD_DIM)
         op_ptr = O_PART + split * stride_op_s + bk * stride_op_bk + offs_r[:, None] * stride_op_r + offs_d[None, :]
         tl.store(op_ptr, acc, mask=(row_ok & (offs_r * 0 + lo < hi))[:, None])
+
+
+@triton.jit
+def kvcache_fused_kernel(
+        Q, K, V, Bias, Tau, Seqlens, SCORES, O,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_bh, stride_sc_bk, stride_sc_r,
+        Hkv, G, LQ, R, W, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
+        UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Both passes of one split in one program, grid (B * Hkv, cdiv(R, BLOCK_M)): every key of the batch row, so
+    the program's own LSE is final; the same operations in the same order as pass 1 then pass 2 with NS = 1."""
+    bk = tl.program_id(0)
+    b = bk // Hkv
+    hk = bk - b * Hkv
+    n_b = tl.load(Seqlens + b)
+    offs_r, rr, h, j, pos = _row_block(tl.program_id(1) * BLOCK_M, R, LQ, G, hk, n_b, BLOCK_M)
+    row_ok = offs_r < R
+    q = _load_q(Q, b, h, j, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM, UPCAST)
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    brow = Bias + h * stride_bh
+    sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
+    lse2 = _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, 0, n_b, n_b, pos, LQ, W, qk_scale,
+                      BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
+    if KEEP:
+        tl.debug_barrier()  # the scores one thread stored are read back by another
+    taui = tl.load(Tau + h) / (pos + 1).to(tl.float32)
+    acc = _split_out(q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, 0, n_b, n_b, pos,
+                     brow, LQ, W, qk_scale, lse2, taui, BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
+    _store_o(O, acc, b, h, j, row_ok, stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
 @triton.jit

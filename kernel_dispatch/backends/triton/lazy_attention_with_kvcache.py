@@ -17,7 +17,8 @@ import triton
 
 from ..kvcache_splits import SplitPolicy, keep_scores, num_splits, sm_count
 from ._lazy_attention_fwd import LOG2E
-from ._lazy_attention_kvcache import kvcache_lse_kernel, kvcache_out_kernel, kvcache_reduce_kernel
+from ._lazy_attention_kvcache import (kvcache_fused_kernel, kvcache_lse_kernel, kvcache_out_kernel,
+                                     kvcache_reduce_kernel)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -83,10 +84,13 @@ def _check(q, k_cache, v_cache, bias, tau, seqlens_k) -> None:
 
 
 def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
-            keep: bool | None = None, tiles: KVCacheTiles | None = None, policy: SplitPolicy | None = None):
+            keep: bool | None = None, fuse: bool | None = None, tiles: KVCacheTiles | None = None,
+            policy: SplitPolicy | None = None):
     """O [B, H, Lq, D] in q's dtype, contiguous (SPEC section 5; layout in the module docstring).
 
-    ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover every path);
+    One split runs both passes in one kernel (``kvcache_fused_kernel``) unless ``fuse`` is False; more run pass 1,
+    pass 2 and the reduce. ``splits`` and ``keep`` override :func:`num_splits` and :func:`keep_scores` (tests cover
+    every path);
     ``tiles`` (its block_m cut down to R as :func:`tiles_for` does) and ``policy`` override ``TILES`` and ``POLICY``
     (scripts/gpu_sweep_kvcache_decode.py measures the alternatives).
     """
@@ -114,8 +118,13 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
                  num_stages=tiles.num_stages)
-    grid = (ns, B * Hkv, m_blocks)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
+    if ns == 1 and fuse is not False:
+        kvcache_fused_kernel[(B * Hkv, m_blocks)](
+            q, k_cache, v_cache, bias32, tau32, seqlens, scores, o, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            *o.stride(), bias32.stride(0), scores.stride(0), scores.stride(1), Hkv, G, Lq, R, W, qk_scale, **flags)
+        return o
+    grid = (ns, B * Hkv, m_blocks)
     kvcache_lse_kernel[grid](q, k_cache, bias32, seqlens, scores, lse_part, *q.stride(), *k_cache.stride(),
                              bias32.stride(0), scores.stride(0), scores.stride(1), lse_part.stride(0),
                              lse_part.stride(1), *shape_args, **flags)
