@@ -12,6 +12,7 @@ the best configurations under torch.profiler. Prints one table per shape.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 
@@ -26,7 +27,8 @@ from kernel_dispatch.ops import lazy_attention_with_kvcache_bench as bench
 POLICIES = [SplitPolicy(c, 128) for c in (1, 2, 4)]
 TILES = [kv.KVCacheTiles(64, n, w, st) for n, w, st in ((64, 4, 3), (64, 8, 3), (64, 8, 2), (128, 8, 2))]
 # one split per batch row and kv head: both passes in one kernel (fused) or two
-ONE_SPLIT_TILES = TILES + [kv.KVCacheTiles(64, n, w, st) for n, w, st in ((64, 8, 4), (128, 8, 3), (64, 4, 4))]
+ONE_SPLIT_TILES = [kv.KVCacheTiles(64, n, w, st, hints) for n, w, st in (
+    (64, 4, 3), (64, 4, 4), (128, 8, 3), (128, 4, 3), (256, 8, 3)) for hints in (False, True)]
 
 
 def kernel_us(fn, runs: int = 5) -> dict[str, float]:
@@ -49,6 +51,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bench.add_arguments(p)
     p.add_argument("--json", help="write every measurement to this file")
+    p.add_argument("--one-split-only", action="store_true", help="skip the split policies: one split only")
     args = p.parse_args()
     args.W = None
     dev = torch.device("cuda")
@@ -80,12 +83,16 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001  a configuration that does not fit is a result too
                 rows.append((label, float("inf"), float("nan"), {"error": str(e)[:80]}))
 
-        for pol, tl_ in itertools.product(POLICIES, TILES):
+        for pol, tl_ in itertools.product(POLICIES, [] if args.one_split_only else TILES):
             measure(f"{pol.ctas_per_sm}/SM min {pol.min_keys}, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}",
                     policy=pol, tiles=tl_)
-        measure("one split, two kernels", splits=1, fuse=False)
-        for tl_ in ONE_SPLIT_TILES:
-            measure(f"one split fused, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}", splits=1, tiles=tl_)
+        base = kv.tiles_for(torch.bfloat16, s.H // s.Hkv)
+        measure("shipped, L2 hints", tiles=dataclasses.replace(base, l2_hints=True))
+        if s.B * s.Hkv >= torch.cuda.get_device_properties(dev).multi_processor_count // 2:
+            measure("one split, two kernels", splits=1, fuse=False)
+            for tl_ in ONE_SPLIT_TILES:
+                measure(f"one split fused, N{tl_.block_n} w{tl_.num_warps} s{tl_.num_stages}"
+                        + (" hints" if tl_.l2_hints else ""), splits=1, tiles=tl_)
         best = min(rows, key=lambda r: r[1])
         sol_ms = bench.kv_bytes(s, torch.bfloat16) / (copy_gbps * 1e9) * 1e3
         print(f"\n== B={s.B} n={s.n}: cuDNN {cudnn * 1e3:.1f} us, speed of light {sol_ms * 1e3:.1f} us ==")

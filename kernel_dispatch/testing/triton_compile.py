@@ -260,9 +260,9 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
     for dt in dtypes:
         for d in head_dims:
             for r in rows:
-                t = kv.TILES["fp32" if dt == torch.float32 else "half"]
-                t = kv.KVCacheTiles(max(16, min(t.block_m, 1 << max(0, r - 1).bit_length())), t.block_n, t.num_warps,
-                                 t.num_stages)
+                key = "fp32" if dt == torch.float32 else "half"
+                split_tiles = kv.tiles_for(dt, r, kv.TILES[key])
+                fused_tiles = kv.tiles_for(dt, r, kv.ONE_SPLIT_TILES[key])
                 variants = [("lse", dict(KEEP=k)) for k in (True, False)]
                 variants += [("out", dict(KEEP=k, DIRECT=dr, NS_POW2=1 if dr else 128)) for k in (True, False)
                              for dr in (True, False)]
@@ -270,6 +270,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                 variants += [("fused", dict(KEEP=k)) for k in (True, False)]
                 for name, extra in variants:
                     fn = kernels[name]
+                    t = fused_tiles if name == "fused" else split_tiles
                     sig, div = {}, []
                     for arg in fn.arg_names:
                         if arg in ("Q", "K", "V", "O"):
@@ -281,7 +282,7 @@ def kvcache_specs(head_dims=None, dtypes=None, rows=(4,)):
                         elif arg == "qk_scale":
                             sig[arg] = "fp32"
                         elif arg in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BLOCK_D", "SPLIT_BLOCK", "NS_POW2", "KEEP", "DIRECT", "UPCAST",
-                                     "PREC"):
+                                     "PREC", "EVICT"):
                             continue
                         else:
                             sig[arg] = "i32"

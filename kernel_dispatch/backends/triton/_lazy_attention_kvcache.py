@@ -69,15 +69,15 @@ def _load_q(Q, b, h, j, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM: tl
 
 @triton.jit
 def _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, BAND: tl.constexpr,
-                HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """Log2-domain scores [BLOCK_M, BLOCK_N] of keys ``offs_n``; BAND: with the bias of distance pos - n < W
     (``brow``: the rows' bias pointers) and -inf where n > pos or n >= hi."""
     offs_d = tl.arange(0, HEAD_DIM)
     kt_ptr = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
     if BAND:
-        kt = tl.load(kt_ptr, mask=offs_n[None, :] < hi, other=0.0)
+        kt = tl.load(kt_ptr, mask=offs_n[None, :] < hi, other=0.0, eviction_policy="evict_first" if EVICT else "")
     else:
-        kt = tl.load(kt_ptr)
+        kt = tl.load(kt_ptr, eviction_policy="evict_first" if EVICT else "")
     if UPCAST:
         kt = kt.to(tl.float32)
     s = tl.dot(q, kt, input_precision=PREC) * qk_scale
@@ -101,7 +101,7 @@ def _online(m_i, l_i, s):
 @triton.jit
 def _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, lo, hi, n_b, pos, LQ, W, qk_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr, HEAD_DIM: tl.constexpr,
-               UPCAST: tl.constexpr, PREC: tl.constexpr):
+               UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """The log2-domain LSE [BLOCK_M] of each row over keys [lo, hi), their scores stored (KEEP) on the way."""
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -109,16 +109,16 @@ def _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, lo, hi, n
     for start in range(lo, free_end, BLOCK_N):
         offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
         s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, False, HEAD_DIM,
-                        UPCAST, PREC)
+                        UPCAST, PREC, EVICT)
         if KEEP:
-            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
+            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None], eviction_policy="evict_last" if EVICT else "")
         m_i, l_i = _online(m_i, l_i, s)
     for start in range(free_end, hi, BLOCK_N):
         offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
         s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, True, HEAD_DIM,
-                        UPCAST, PREC)
+                        UPCAST, PREC, EVICT)
         if KEEP:  # a tile past hi ends past n_b (split boundaries are whole tiles): no other split's keys
-            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None])
+            tl.store(sc_rows + offs_n[None, :], s, mask=row_ok[:, None], eviction_policy="evict_last" if EVICT else "")
         m_i, l_i = _online(m_i, l_i, s)
     return m_i + tl.math.log2(l_i)
 
@@ -131,7 +131,7 @@ def kvcache_lse_kernel(
         stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk,
         Hkv, G, LQ, R, W, NS, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr):
+        UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """Pass 1, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's partial LSE (log2) per row, and its scores (KEEP)."""
     split = tl.program_id(0)
     bk = tl.program_id(1)
@@ -146,7 +146,7 @@ def kvcache_lse_kernel(
     brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
     lse2 = _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, lo, hi, n_b, pos, LQ, W, qk_scale,
-                      BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
+                      BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC, EVICT)
     tl.store(LSE_PART + split * stride_lp_s + bk * stride_lp_bk + offs_r, lse2, mask=row_ok & (offs_r * 0 + lo < hi))
 
 
@@ -163,24 +163,25 @@ def _final_lse(LSE_PART, bk, rr, n_used, stride_lp_s, stride_lp_bk, NS_POW2: tl.
 @triton.jit
 def _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, pos, brow,
                W, qk_scale, lse2, taui, BAND: tl.constexpr, KEEP: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+               BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """acc += relu(exp2(S - LSE2) + tau / i) @ V over key blocks [lo, hi) (BAND: re-masked, see the module doc)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
         offs_n = tl.multiple_of(start, BLOCK_N) + tl.arange(0, BLOCK_N)
         if KEEP:  # pass 1 stored whole tiles of the valid rows
-            s = tl.load(sc_rows + offs_n[None, :], mask=row_ok[:, None], other=float("-inf"))
+            s = tl.load(sc_rows + offs_n[None, :], mask=row_ok[:, None], other=float("-inf"),
+                        eviction_policy="evict_last" if EVICT else "")
         else:
             s = _score_tile(q, k_base, stride_kn, stride_kd, offs_n, hi, pos, brow, W, qk_scale, BAND, HEAD_DIM,
-                            UPCAST, PREC)
+                            UPCAST, PREC, EVICT)
         v_ptr = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
         if BAND:
             # a row at position 0 has one visible key: P = exp2(S - S) = 1 exactly, whatever the LSE's rounding
             p = tl.math.exp2(s - tl.where(pos[:, None] == 0, s, lse2[:, None]))
-            v = tl.load(v_ptr, mask=offs_n[:, None] < hi, other=0.0)
+            v = tl.load(v_ptr, mask=offs_n[:, None] < hi, other=0.0, eviction_policy="evict_first" if EVICT else "")
         else:
             p = tl.math.exp2(s - lse2[:, None])
-            v = tl.load(v_ptr)
+            v = tl.load(v_ptr, eviction_policy="evict_first" if EVICT else "")
         if UPCAST:
             v = v.to(tl.float32)
         x = p + taui[:, None]
@@ -194,14 +195,14 @@ def _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, st
 @triton.jit
 def _split_out(q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, n_b, pos, brow,
                LQ, W, qk_scale, lse2, taui, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
-               HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+               HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """The fp32 share [BLOCK_M, HEAD_DIM] of O of keys [lo, hi): the bias-free leading blocks, then the band."""
     free_end = _free_end(lo, hi, n_b, LQ, W, BLOCK_N)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, free_end,
-                     pos, brow, W, qk_scale, lse2, taui, False, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+                     pos, brow, W, qk_scale, lse2, taui, False, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC, EVICT)
     acc = _out_tiles(acc, q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, free_end, hi,
-                     pos, brow, W, qk_scale, lse2, taui, True, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC)
+                     pos, brow, W, qk_scale, lse2, taui, True, KEEP, HEAD_DIM, BLOCK_N, UPCAST, PREC, EVICT)
     return acc
 
 
@@ -223,7 +224,7 @@ def kvcache_out_kernel(
         stride_bh, stride_sc_bk, stride_sc_r, stride_lp_s, stride_lp_bk, stride_op_s, stride_op_bk, stride_op_r,
         Hkv, G, LQ, R, W, NS, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NS_POW2: tl.constexpr,
-        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+        KEEP: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """Pass 2, grid (NS, B * Hkv, cdiv(R, BLOCK_M)): the split's share of O (all of it when DIRECT)."""
     split = tl.program_id(0)
     bk = tl.program_id(1)
@@ -244,7 +245,7 @@ def kvcache_out_kernel(
     brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
     acc = _split_out(q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, n_b, pos,
-                     brow, LQ, W, qk_scale, lse2, taui, BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
+                     brow, LQ, W, qk_scale, lse2, taui, BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC, EVICT)
     if DIRECT:
         _store_o(O, acc, b, h, j, row_ok, stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
     else:
@@ -263,7 +264,7 @@ def kvcache_fused_kernel(
         stride_bh, stride_sc_bk, stride_sc_r,
         Hkv, G, LQ, R, W, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEEP: tl.constexpr,
-        UPCAST: tl.constexpr, PREC: tl.constexpr):
+        UPCAST: tl.constexpr, PREC: tl.constexpr, EVICT: tl.constexpr):
     """Both passes of one split in one program, grid (B * Hkv, cdiv(R, BLOCK_M)): every key of the batch row, so
     the program's own LSE is final; the same operations in the same order as pass 1 then pass 2 with NS = 1."""
     bk = tl.program_id(0)
@@ -278,12 +279,12 @@ def kvcache_fused_kernel(
     brow = Bias + h * stride_bh
     sc_rows = SCORES + bk.to(tl.int64) * stride_sc_bk + rr[:, None].to(tl.int64) * stride_sc_r
     lse2 = _split_lse(q, k_base, brow, sc_rows, row_ok, stride_kn, stride_kd, 0, n_b, n_b, pos, LQ, W, qk_scale,
-                      BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
+                      BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC, EVICT)
     if KEEP:
         tl.debug_barrier()  # the scores one thread stored are read back by another
     taui = tl.load(Tau + h) / (pos + 1).to(tl.float32)
     acc = _split_out(q, k_base, v_base, sc_rows, row_ok, stride_kn, stride_kd, stride_vn, stride_vd, 0, n_b, n_b, pos,
-                     brow, LQ, W, qk_scale, lse2, taui, BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC)
+                     brow, LQ, W, qk_scale, lse2, taui, BLOCK_M, BLOCK_N, KEEP, HEAD_DIM, UPCAST, PREC, EVICT)
     _store_o(O, acc, b, h, j, row_ok, stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 

@@ -9,6 +9,7 @@ Split count and whether the scores are kept between the passes: ``kernel_dispatc
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -28,18 +29,24 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @dataclass(frozen=True)
 class KVCacheTiles:
     """The launch configuration of the two key passes: BLOCK_N keys per step, ``block_m`` rows of the
-    (query head, query) tile at most (fewer when R, rounded up to a power of two, is smaller; 16 at least)."""
+    (query head, query) tile at most (fewer when R, rounded up to a power of two, is smaller; 16 at least);
+    ``l2_hints``: K and V loads marked evict-first and the kept scores evict-last in the L2."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    l2_hints: bool = False
 
 
 # Memory-bound: 16-byte loads of K and V tiles, a cp.async pipeline of num_stages tiles, small fp32 score tiles.
-TILES = {"half": KVCacheTiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
+# TILES serve the split kernels (pass 1, pass 2, reduce), ONE_SPLIT_TILES the fused kernel (one program per batch
+# row and kv head: the larger K and V tiles keep more bytes in flight per SM). fp32: not measured on a GPU.
+TILES = {"half": KVCacheTiles(block_m=64, block_n=64, num_warps=8, num_stages=3, l2_hints=True),
          "fp32": KVCacheTiles(block_m=32, block_n=32, num_warps=4, num_stages=2)}
+ONE_SPLIT_TILES = {"half": KVCacheTiles(block_m=64, block_n=128, num_warps=8, num_stages=3, l2_hints=True),
+                   "fp32": TILES["fp32"]}
 INTERPRET_TILES = KVCacheTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
-POLICY = SplitPolicy(ctas_per_sm=2, min_keys=128)
+POLICY = SplitPolicy(ctas_per_sm=2, min_keys=128, one_split_fill=0.7)
 INTERPRET_POLICY = SplitPolicy(ctas_per_sm=4, min_keys=16)
 INTERPRET_SMS = 8  # the SM count the split policy assumes under the interpreter
 REDUCE_BLOCK_M = 16
@@ -47,13 +54,14 @@ REDUCE_BLOCK_D = 32  # the reduce's programs also split the head dim: a decode s
 REDUCE_SPLIT_BLOCK = 16  # partials of that many splits loaded at once
 
 
-def tiles_for(dtype: torch.dtype, rows: int, base: KVCacheTiles | None = None) -> KVCacheTiles:
+def tiles_for(dtype: torch.dtype, rows: int, base: KVCacheTiles | None = None, one_split: bool = False
+              ) -> KVCacheTiles:
     """The tiles for ``rows`` = R = (H / Hkv) * Lq tile rows of one kv head (block_m of ``base``, by default the
-    shipped tiles of ``dtype``, cut down to fit R)."""
+    shipped tiles of ``dtype`` for the split kernels or, ``one_split``, the fused kernel, cut down to fit R)."""
     if base is None:
-        base = INTERPRET_TILES if INTERPRET else TILES["fp32" if dtype == torch.float32 else "half"]
-    bm = max(16, min(base.block_m, triton.next_power_of_2(rows)))
-    return KVCacheTiles(bm, base.block_n, base.num_warps, base.num_stages)
+        shipped = ONE_SPLIT_TILES if one_split else TILES
+        base = INTERPRET_TILES if INTERPRET else shipped["fp32" if dtype == torch.float32 else "half"]
+    return dataclasses.replace(base, block_m=max(16, min(base.block_m, triton.next_power_of_2(rows))))
 
 
 def reduce_block_m(rows: int) -> int:
@@ -100,10 +108,15 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     G = H // Hkv
     R = G * Lq
     dev = q.device
-    tiles = tiles_for(q.dtype, R, tiles)
+    base = tiles
+    tiles = tiles_for(q.dtype, R, base)
     m_blocks = triton.cdiv(R, tiles.block_m)
     policy = policy or (INTERPRET_POLICY if INTERPRET else POLICY)
     ns = splits if splits is not None else num_splits(B * Hkv * m_blocks, S, sm_count(dev, INTERPRET_SMS), policy)
+    fuse = ns == 1 and fuse is not False
+    if fuse:
+        tiles = tiles_for(q.dtype, R, base, one_split=True)
+        assert triton.cdiv(R, tiles.block_m) == m_blocks, "the split count assumed the split kernels' block_m"
     keep = keep_scores(R, D, q.element_size()) if keep is None else keep
     bias32 = bias.to(torch.float32).contiguous()
     tau32 = tau.to(torch.float32).contiguous()
@@ -116,10 +129,10 @@ def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: 
     W = bias.shape[1]
     qk_scale = float(scale) * LOG2E
     flags = dict(HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, KEEP=bool(keep), UPCAST=INTERPRET,
-                 PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.num_warps,
+                 PREC="ieee" if q.dtype == torch.float32 else "tf32", EVICT=tiles.l2_hints, num_warps=tiles.num_warps,
                  num_stages=tiles.num_stages)
     shape_args = (Hkv, G, Lq, R, W, ns, qk_scale)
-    if ns == 1 and fuse is not False:
+    if fuse:
         kvcache_fused_kernel[(B * Hkv, m_blocks)](
             q, k_cache, v_cache, bias32, tau32, seqlens, scores, o, *q.stride(), *k_cache.stride(), *v_cache.stride(),
             *o.stride(), bias32.stride(0), scores.stride(0), scores.stride(1), Hkv, G, Lq, R, W, qk_scale, **flags)
@@ -148,4 +161,4 @@ def arg_constants(fn, head_dim: int, dtype: torch.dtype, tiles: KVCacheTiles, ro
         return dict(HEAD_DIM=head_dim, BLOCK_M=reduce_block_m(rows), BLOCK_N=tiles.block_n,
                     BLOCK_D=min(REDUCE_BLOCK_D, head_dim), SPLIT_BLOCK=REDUCE_SPLIT_BLOCK)
     return dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=False,
-                PREC="ieee" if dtype == torch.float32 else "tf32")
+                PREC="ieee" if dtype == torch.float32 else "tf32", EVICT=tiles.l2_hints)
