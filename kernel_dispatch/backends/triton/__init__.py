@@ -32,7 +32,8 @@ CAPABILITIES = {
     "lazy_attention_with_kvcache": KVCacheCaps(
         devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, head_dims=(16, 32, 64, 128),
         notes="split-key decode (flash-decoding): partial LSEs, scores kept for the output pass when they fit, one "
-              "read of K and V per kv head for all its query heads; no host read (CUDA-graph safe); no float64"),
+              "read of K and V per kv head for all its query heads; one split in one kernel when the batch fills the "
+              "GPU; no host read (CUDA-graph safe); no float64"),
     "mhc_pre": MHCCaps(devices=_DEVICES, auto_devices=("cuda",), dtypes=_DTYPES, n_streams=(1, 2, 4, 8),
                             d_multiple=8, notes="GEMMs on tensor cores keep ~17 bits (bf16 hi/lo splits; TF32x3 "
                                                 "for fp32 x); parameter gradients without atomics; no float64"),
