@@ -49,10 +49,15 @@ def _job(label: str, factory, args: tuple) -> KernelJob:
 
 
 def attention_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
-    """The kernels of one TileLang lazy attention call (forward and backward) at head dim D."""
+    """The kernels of one TileLang lazy attention call (forward and backward) at head dim D, and the packed-documents
+    forms of the forward's (lazy_attention_varlen)."""
     dt = lazy_attention.DTYPES[dtype]
-    return [_job(f"lazy_attention {name} d{D} {dt} {'causal' if causal else 'full'}", lazy_attention.FACTORIES[name],
+    mask = "causal" if causal else "full"
+    jobs = [_job(f"lazy_attention {name} d{D} {dt} {mask}", lazy_attention.FACTORIES[name],
                  (D, dt, causal, lazy_attention.CONFIGS[D][name])) for name in lazy_attention.FACTORIES]
+    return jobs + [_job(f"lazy_attention_varlen {name} d{D} {dt} {mask}", lazy_attention.FACTORIES[name],
+                        (D, dt, causal, lazy_attention.CONFIGS[D][name], True))
+                   for name in lazy_attention.VARLEN_KERNELS]
 
 
 def mhc_pre_jobs(D: int, dtype: torch.dtype, sms: int = SMS) -> list[KernelJob]:

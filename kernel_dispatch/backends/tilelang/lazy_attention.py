@@ -33,14 +33,19 @@ FACTORIES = {name: m.build for name, m in _MODULES.items()}
 CONFIGS = {D: {name: m.CONFIGS[D] for name, m in _MODULES.items()} for D in HEAD_DIMS}  # {head dim: {kernel: tiles}}
 
 
-def kernel(name: str, head_dim: int, dtype: str, causal: bool, tiles, device=None):
-    """The compiled kernel ``name`` for these static parameters and ``tiles`` on CUDA ``device`` (sm_90a if None)."""
-    return _build.kernel(FACTORIES[name], (head_dim, dtype, bool(causal), tiles), device)
+VARLEN_KERNELS = ("lse", "fwd")  # the kernels with a packed-documents layout (``varlen``; _lazy_attention_layout)
 
 
-def _kernel(name: str, q: torch.Tensor, causal: bool):
+def kernel(name: str, head_dim: int, dtype: str, causal: bool, tiles, device=None, varlen: bool = False):
+    """The compiled kernel ``name`` for these static parameters and ``tiles`` on CUDA ``device`` (sm_90a if None);
+    ``varlen``: its packed-documents form (``VARLEN_KERNELS`` only)."""
+    args = (head_dim, dtype, bool(causal), tiles) + ((True,) if varlen else ())
+    return _build.kernel(FACTORIES[name], args, device)
+
+
+def _kernel(name: str, q: torch.Tensor, causal: bool, varlen: bool = False):
     D = q.shape[-1]
-    return kernel(name, D, DTYPES[q.dtype], causal, CONFIGS[D][name], q.device)
+    return kernel(name, D, DTYPES[q.dtype], causal, CONFIGS[D][name], q.device, varlen)
 
 
 def _check(q: torch.Tensor) -> None:
@@ -89,8 +94,8 @@ def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
     lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
     o = torch.empty_like(qc)
     with torch.cuda.device(q.device):
-        _kernel("lse", q, causal)(qc, kc, bias32, lens, lse, float(scale))
-        _kernel("fwd", q, causal)(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
+        _kernel("lse", q, causal)(qc, kc, bias32, lens, lse, float(scale), L)
+        _kernel("fwd", q, causal)(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale), L)
     return o, lse
 
 

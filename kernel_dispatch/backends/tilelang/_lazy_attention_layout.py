@@ -1,0 +1,117 @@
+"""Where the lazy attention kernels find a sequence's rows: fixed-length batches or packed documents.
+
+A kernel factory builds one ``T.prim_func`` for either layout; a :class:`Layout` supplies the buffer shapes, the
+grid's sequence axis, the CTA's sequence and the index expressions, so the kernel bodies are shared:
+
+- fixed length: Q [B, H, L, D] (K, V with Hkv heads), row vectors (LSE, Delta, ...) [B, H, L], Lens [B] int32
+  (lengths without the right padding); a sequence is its batch index b.
+- packed documents (``varlen``, SPEC section 4): Q [T, H, D] (heads and dims contiguous), row vectors [H, T],
+  Seqs [N + 1] int32 (cu_seqlens); a sequence is its first token cu_seqlens[n], its length
+  cu_seqlens[n + 1] - cu_seqlens[n]. Tiles that reach past a document's end read the next document's rows (or
+  nothing past T: the copies bound-check); the kernels mask them as they mask padding, and every store of a
+  varlen kernel is predicated on the row being inside its document, so no CTA writes another document's rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The symbolic sizes of one layout (``T.dynamic`` variables), the static head dim D, and index expressions."""
+    varlen: bool
+    D: int
+    H: Any
+    Hkv: Any
+    B: Any = None  # fixed length: batch
+    L: Any = None  # fixed length: padded length
+    tokens: Any = None  # varlen: T
+    seqs: Any = None  # varlen: N + 1
+
+    @staticmethod
+    def make(varlen: bool, head_dim: int) -> "Layout":
+        import tilelang.language as T
+
+        if varlen:
+            tokens, seqs, H, Hkv = T.dynamic("T, NS, H, Hkv")
+            return Layout(True, head_dim, H, Hkv, tokens=tokens, seqs=seqs)
+        B, L, H, Hkv = T.dynamic("B, L, H, Hkv")
+        return Layout(False, head_dim, H, Hkv, B=B, L=L)
+
+    def rows_shape(self, heads) -> list:
+        """Q, K, V, O, dO and their gradients."""
+        return [self.tokens, heads, self.D] if self.varlen else [self.B, heads, self.L, self.D]
+
+    def vec_shape(self, heads) -> list:
+        """One fp32 value per (head, row): LSE, Delta, dO . O."""
+        return [heads, self.tokens] if self.varlen else [self.B, heads, self.L]
+
+    def seqs_shape(self) -> list:
+        return [self.seqs] if self.varlen else [self.B]
+
+    def batch(self):
+        """The grid's sequence axis."""
+        return self.seqs - 1 if self.varlen else self.B
+
+    def span(self, max_seqlen):
+        """The rows the grid's block axis covers: L, or the ``max_seqlen`` scalar parameter (varlen)."""
+        return max_seqlen if self.varlen else self.L
+
+    def sequence(self, bz, Seqs):
+        """(seq, lb): the CTA's sequence handle (batch index, or first token) and its length."""
+        if self.varlen:
+            return Seqs[bz], Seqs[bz + 1] - Seqs[bz]
+        return bz, Seqs[bz]
+
+    def row_end(self, lb):
+        """The end of the rows whose stored LSE is meaningful: the document's (varlen) or the padded length L
+        (fixed length: padding rows have an LSE too)."""
+        return lb if self.varlen else self.L
+
+    def rows(self, X, seq, h, r0, n: int):
+        """The region of rows [r0, r0 + n) of head h of sequence ``seq``: [n, D]."""
+        if self.varlen:
+            return X[seq + r0:seq + r0 + n, h, :]
+        return X[seq, h, r0:r0 + n, :]
+
+    def vec(self, X, seq, h, r0, n: int):
+        """The region of row values [r0, r0 + n) of head h of sequence ``seq``: [n]."""
+        if self.varlen:
+            return X[h, seq + r0:seq + r0 + n]
+        return X[seq, h, r0:r0 + n]
+
+    def store_vec_macro(self, n: int):
+        """A macro ``store(frag, X, seq, h, r0, lb)``: row values [r0, r0 + n) of ``frag`` [n] into X; varlen: only
+        the rows before lb (fixed length: all, padding rows included, as the fixed-length contract has them)."""
+        import tilelang.language as T
+
+        if self.varlen:
+            @T.macro
+            def store(frag, X, seq, h, r0, lb):
+                for i in T.Parallel(n):
+                    if r0 + i < lb:
+                        X[h, seq + r0 + i] = frag[i]
+        else:
+            @T.macro
+            def store(frag, X, seq, h, r0, lb):
+                T.copy(frag, X[seq, h, r0:r0 + n])
+        return store
+
+    def store_rows_macro(self, n: int):
+        """A macro ``store(tile, X, seq, h, r0, lb)``: rows [r0, r0 + n) of ``tile`` [n, D] (shared) into X;
+        fixed length: one bulk copy of the whole tile; varlen: only the rows before lb."""
+        import tilelang.language as T
+
+        D = self.D
+        if self.varlen:
+            @T.macro
+            def store(tile, X, seq, h, r0, lb):
+                for i, j in T.Parallel(n, D):
+                    if r0 + i < lb:
+                        X[seq + r0 + i, h, j] = tile[i, j]
+        else:
+            @T.macro
+            def store(tile, X, seq, h, r0, lb):
+                T.copy(tile, X[seq, h, r0:r0 + n, :])
+        return store
