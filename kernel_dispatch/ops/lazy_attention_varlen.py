@@ -18,6 +18,7 @@ from .. import registry
 from ..declaration import Operator, declare
 from ._frontend import (backend_pair, call_backward, call_op, check_same_device, check_shape, check_tensor,
                         fmt_shape)
+from . import _device_assert
 from .lazy_attention import INFO_FACTS, TOLERANCES, LazyAttentionCaps, check_parameters
 
 OP = "lazy_attention_varlen"
@@ -134,12 +135,16 @@ def check_cu_seqlens(cu_seqlens: Tensor, T: int, max_seqlen: Optional[int]) -> i
     """
     if (torch.compiler.is_compiling() or (cu_seqlens.is_cuda and max_seqlen is not None)
             or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing())):
+        if max_seqlen is not None and _device_assert.available(cu_seqlens):
+            _device_assert.assert_cu_seqlens(cu_seqlens, T, max_seqlen)  # one kernel: the torch checks are ten
+            return max_seqlen
+        msg = _device_assert.CU_MESSAGES
         lens = cu_seqlens[1:] - cu_seqlens[:-1]
-        torch._assert_async(cu_seqlens[0] == 0, "cu_seqlens: expected cu_seqlens[0] == 0")
-        torch._assert_async((lens >= 0).all(), "cu_seqlens: expected non-decreasing values")
-        torch._assert_async(cu_seqlens[-1] == T, "cu_seqlens: expected the last value to be T (q.shape[0])")
+        torch._assert_async(cu_seqlens[0] == 0, msg["start"])
+        torch._assert_async((lens >= 0).all(), msg["order"])
+        torch._assert_async(cu_seqlens[-1] == T, msg["end"])
         if max_seqlen is not None:
-            torch._assert_async((lens <= max_seqlen).all(), "max_seqlen: smaller than the longest document")
+            torch._assert_async((lens <= max_seqlen).all(), msg["longest"])
         return T if max_seqlen is None else max_seqlen
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
