@@ -69,49 +69,49 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             table = T.alloc_shared([distance_table_size(BM, BN)], f32)  # log2-domain bias by distance
             m0, hk = first_query(bx, lay.span(max_seqlen), BM, causal), by // (H // Hkv)
             seq, lb = lay.sequence(bz, Lens)
-            tau = Tau[by]
             sc2 = scale * LOG2E
             n_blocks = key_blocks(m0, lb, BM, BN, causal)
 
-            T.copy(lay.rows(Q, seq, by, m0, BM), Q_s)
-            fill_table(table, Bias, by)
-            T.copy(lay.vec(LSE, seq, by, m0, BM), lse2)
-            for i in T.Parallel(BM):
-                # rows past the end (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
-                lse2[i] = T.if_then_else(m0 + i < lay.row_end(lb), lse2_of(lse2[i]), T.infinity(f32))
-                thr[i] = tau / T.Cast(f32, (m0 + i + 1) if causal else lb)
-            T.clear(acc_o)
-            for k in T.Pipelined(n_blocks, num_stages=num_stages):
-                T.copy(lay.rows(K, seq, hk, k * BN, BN), K_s)
-                T.copy(lay.rows(V, seq, hk, k * BN, BN), V_s)
-                T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                if is_free_tile(m0, k * BN, BM, BN, lb, W, False):
-                    # nothing to mask: the scale folds into the exponent's FMA
-                    for i, j in T.Parallel(BM, BN):
-                        a_cast[i, j] = T.max(p_of(s[i, j] * sc2 - lse2[i]) + thr[i], T.float32(0))
-                else:
-                    scores(s, m0, k * BN, lb, sc2, Bias, by, table)
-                    one_key_rows(s, lse2, m0, k * BN, lb, tmp)
-                    for i, j in T.Parallel(BM, BN):  # re-masked: tau > 0 must not reach masked keys
-                        a_cast[i, j] = T.if_then_else(s[i, j] > -T.infinity(f32),
-                                                      T.max(p_of(s[i, j] - lse2[i]) + thr[i], T.float32(0)),
-                                                      T.float32(0))
-                if varlen:
-                    if (k + 1) * BN > lb:  # the tile crossing the document's end: the next document's V rows
-                        for i, j in T.Parallel(BN, D):
-                            Vt_s[i, j] = T.if_then_else(k * BN + i < lb, V_s[i, j], T.Cast(dtype, 0))
-                        T.gemm(a_cast, Vt_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+            if lay.live(m0, lb):  # varlen: no loads, no stores past the document
+                T.copy(lay.rows(Q, seq, by, m0, BM), Q_s)
+                fill_table(table, Bias, by)
+                T.copy(lay.vec(LSE, seq, by, m0, BM), lse2)
+                for i in T.Parallel(BM):
+                    # rows past the end (their LSE read as 0) get exp2(s - inf) = 0: no overflow from a large bias
+                    lse2[i] = T.if_then_else(m0 + i < lay.row_end(lb), lse2_of(lse2[i]), T.infinity(f32))
+                    thr[i] = Tau[by] / T.Cast(f32, (m0 + i + 1) if causal else lb)
+                T.clear(acc_o)
+                for k in T.Pipelined(n_blocks, num_stages=num_stages):
+                    T.copy(lay.rows(K, seq, hk, k * BN, BN), K_s)
+                    T.copy(lay.rows(V, seq, hk, k * BN, BN), V_s)
+                    T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    if is_free_tile(m0, k * BN, BM, BN, lb, W, False):
+                        # nothing to mask: the scale folds into the exponent's FMA
+                        for i, j in T.Parallel(BM, BN):
+                            a_cast[i, j] = T.max(p_of(s[i, j] * sc2 - lse2[i]) + thr[i], T.float32(0))
+                    else:
+                        scores(s, m0, k * BN, lb, sc2, Bias, by, table)
+                        one_key_rows(s, lse2, m0, k * BN, lb, tmp)
+                        for i, j in T.Parallel(BM, BN):  # re-masked: tau > 0 must not reach masked keys
+                            a_cast[i, j] = T.if_then_else(s[i, j] > -T.infinity(f32),
+                                                          T.max(p_of(s[i, j] - lse2[i]) + thr[i], T.float32(0)),
+                                                          T.float32(0))
+                    if varlen:
+                        if (k + 1) * BN > lb:  # the tile crossing the document's end: the next document's V rows
+                            for i, j in T.Parallel(BN, D):
+                                Vt_s[i, j] = T.if_then_else(k * BN + i < lb, V_s[i, j], T.Cast(dtype, 0))
+                            T.gemm(a_cast, Vt_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                        else:
+                            T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
                     else:
                         T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                else:
-                    T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
-            for i, j in T.Parallel(BM, D):
-                # T.max above drops NaN; a row whose LSE or tau/i is NaN (a NaN score, bias or tau) is NaN, as
-                # golden's relu makes it
-                nan = lse2[i] + thr[i]
-                acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
-            # Q is no longer read: its tile stages O for one TMA store (varlen: a store of the document's rows)
-            T.copy(acc_o, Q_s)
-            store_o(Q_s, O, seq, by, m0, lb)
+                for i, j in T.Parallel(BM, D):
+                    # T.max above drops NaN; a row whose LSE or tau/i is NaN (a NaN score, bias or tau) is NaN, as
+                    # golden's relu makes it
+                    nan = lse2[i] + thr[i]
+                    acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
+                # Q is no longer read: its tile stages O for one TMA store (varlen: a store of the document's rows)
+                T.copy(acc_o, Q_s)
+                store_o(Q_s, O, seq, by, m0, lb)
 
     return lazy_attention_fwd

@@ -64,6 +64,12 @@ class Layout:
             return Seqs[bz], Seqs[bz + 1] - Seqs[bz]
         return bz, Seqs[bz]
 
+    def live(self, m0, lb):
+        """Whether the CTA of the block starting at row m0 has work: varlen, a block at or past its document's end
+        exits before loading anything (the grid covers max_seqlen rows of every document); fixed length, every
+        block works (padding rows are written)."""
+        return m0 < lb if self.varlen else m0 < self.L
+
     def row_end(self, lb):
         """The end of the rows whose stored LSE is meaningful: the document's (varlen) or the padded length L
         (fixed length: padding rows have an LSE too)."""

@@ -68,31 +68,32 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
             # the valid keys)
             n_blocks = T.if_then_else(m0 < lay.row_end(lb), T.ceildiv(key_end(m0, lb, BM, causal), BN), 0)
 
-            T.copy(lay.rows(Q, seq, by, m0, BM), Q_s)
-            fill_table(table, Bias, by)
-            T.fill(row_max, -T.infinity(f32))
-            T.fill(denom, 0)
-            for k in T.Pipelined(n_blocks, num_stages=num_stages):
-                T.copy(lay.rows(K, seq, hk, k * BN, BN), K_s)
-                T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(row_max, row_max_prev)
-                if T.And(is_free_tile(m0, k * BN, BM, BN, lb, W, False), sc2 > 0):
-                    # the max of the raw products, scaled once per row; the scale folds into the exponent's FMA
-                    T.reduce_max(s, row_sum, dim=1)
+            if lay.live(m0, lb):  # varlen: no loads, no stores past the document
+                T.copy(lay.rows(Q, seq, by, m0, BM), Q_s)
+                fill_table(table, Bias, by)
+                T.fill(row_max, -T.infinity(f32))
+                T.fill(denom, 0)
+                for k in T.Pipelined(n_blocks, num_stages=num_stages):
+                    T.copy(lay.rows(K, seq, hk, k * BN, BN), K_s)
+                    T.gemm(Q_s, K_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.copy(row_max, row_max_prev)
+                    if T.And(is_free_tile(m0, k * BN, BM, BN, lb, W, False), sc2 > 0):
+                        # the max of the raw products, scaled once per row; the scale folds into the exponent's FMA
+                        T.reduce_max(s, row_sum, dim=1)
+                        for i in T.Parallel(BM):
+                            row_max[i] = T.max(row_max[i], row_sum[i] * sc2)
+                        for i, j in T.Parallel(BM, BN):
+                            s[i, j] = T.exp2(s[i, j] * sc2 - row_max[i])
+                    else:
+                        scores(s, m0, k * BN, lb, sc2, Bias, by, table)
+                        T.reduce_max(s, row_max, dim=1, clear=False)
+                        for i, j in T.Parallel(BM, BN):
+                            s[i, j] = T.exp2(s[i, j] - row_max[i])
+                    T.reduce_sum(s, row_sum, dim=1)
                     for i in T.Parallel(BM):
-                        row_max[i] = T.max(row_max[i], row_sum[i] * sc2)
-                    for i, j in T.Parallel(BM, BN):
-                        s[i, j] = T.exp2(s[i, j] * sc2 - row_max[i])
-                else:
-                    scores(s, m0, k * BN, lb, sc2, Bias, by, table)
-                    T.reduce_max(s, row_max, dim=1, clear=False)
-                    for i, j in T.Parallel(BM, BN):
-                        s[i, j] = T.exp2(s[i, j] - row_max[i])
-                T.reduce_sum(s, row_sum, dim=1)
+                        denom[i] = denom[i] * T.exp2(row_max_prev[i] - row_max[i]) + row_sum[i]
                 for i in T.Parallel(BM):
-                    denom[i] = denom[i] * T.exp2(row_max_prev[i] - row_max[i]) + row_sum[i]
-            for i in T.Parallel(BM):
-                row_sum[i] = lse_to_store(T.log2(denom[i]) + row_max[i])
-            store_lse(row_sum, LSE, seq, by, m0, lb)
+                    row_sum[i] = lse_to_store(T.log2(denom[i]) + row_max[i])
+                store_lse(row_sum, LSE, seq, by, m0, lb)
 
     return lazy_attention_lse
