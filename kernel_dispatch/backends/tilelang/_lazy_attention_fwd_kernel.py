@@ -109,7 +109,8 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                     # T.max above drops NaN; a row whose LSE or tau/i is NaN (a NaN score, bias or tau) is NaN, as
                     # golden's relu makes it
                     nan = lse2[i] + thr[i]
-                    acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]), T.float32(0))
+                    acc_o[i, j] = T.if_then_else(m0 + i < lb, T.if_then_else(T.isnan(nan), nan, acc_o[i, j]),
+                                                 T.float32(0))
                 # Q is no longer read: its tile stages O for one TMA store (varlen: a store of the document's rows)
                 T.copy(acc_o, Q_s)
                 store_o(Q_s, O, seq, by, m0, lb)
