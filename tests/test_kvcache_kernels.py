@@ -232,15 +232,24 @@ def test_nan_score_poisons_its_rows(backend):
     assert err <= tolerance("lazy_attention", torch.float32, "o"), f"o outside the NaN rows: rel err {err:.3e}"
 
 
-@pytest.mark.parametrize("name", ["decode_ragged", "prefill_lq7", "tau_positive", "noncontig"])
+FUSED_CASES = [(n, torch.float16) for n in ("decode_ragged", "prefill_lq7", "tau_positive", "noncontig")] + [
+    (n, dt) for n in ("decode_ragged", "prefill_lq7") for dt in (torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("name,dtype", FUSED_CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in FUSED_CASES])
 @pytest.mark.parametrize("keep", [True, False])
-def test_fused_one_split_equals_the_two_passes_bitwise(name, keep):
+def test_fused_one_split_equals_the_two_passes_bitwise(name, dtype, keep):
     """With one split the fused kernel runs pass 1 and pass 2 in one program: the same operations in the same
-    order, so the same bits as the two kernels."""
-    inp, _ = _reference(CASE[name], torch.float16)
+    order, so the same bits as the two kernels (on a GPU the fused kernel's own tiles, ``ONE_SPLIT_TILES``, differ
+    from the split kernels': there it must match the definition instead)."""
+    inp, ref = _reference(CASE[name], dtype)
     fused = _forward("triton", inp, Path("fused", splits=1, keep=keep, fuse=True))
     two = _forward("triton", inp, Path("two", splits=1, keep=keep, fuse=False))
-    assert torch.equal(fused, two), f"o: max |fused - two kernels| = {(fused.float() - two.float()).abs().max():.3e}"
+    if DEVICE == "cuda":  # 128-key tiles against 64: another order of the fp32 sums
+        failures = _compare(fused, ref, tolerance("lazy_attention", dtype, "o"))
+        assert not failures, "; ".join(failures)
+    else:
+        assert torch.equal(fused, two), f"o: max |fused - two kernels| = {(fused.float() - two.float()).abs().max():.3e}"
 
 
 def test_split_count_fills_the_gpu_from_shapes():
