@@ -4,9 +4,11 @@
 
 At each decode shape of the benchmark (bf16, H=32, Hkv=8, D=128, W=512, Lq=1, every row full) it times the shipped
 configuration (``TILES``, ``POLICY`` in kernel_dispatch/backends/triton/lazy_attention_with_kvcache.py), then every
-split policy x tile (keys per step, warps, stages) of the lists below, each as a CUDA-graph replay with the L2 flushed (the benchmark's timer), and SDPA cuDNN on the same shape. Each
-configuration's output is compared with the shipped one's (max abs difference; the additions change order between
-splits, nothing else). Finally the device time of each kernel of the shipped and
+split policy x tile (keys per step, warps, stages) of the lists below (``--one-split-only``: none), then, where
+B * Hkv is at least half the SM count, one split in two kernels and fused on each of ``ONE_SPLIT_TILES``
+(with and without L2 hints), each as a CUDA-graph replay with the L2 flushed (the benchmark's timer), and SDPA cuDNN
+on the same shape. Each configuration's output is compared with the shipped one's (max abs difference; the
+additions change order between splits and tiles, nothing else). Finally the device time of each kernel of the shipped and
 the best configurations under torch.profiler. Prints one table per shape.
 """
 from __future__ import annotations

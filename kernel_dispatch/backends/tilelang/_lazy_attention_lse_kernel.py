@@ -28,8 +28,8 @@ CONFIGS = {64: Tiles(block_m=256, block_n=128, threads=512, num_stages=2),
 
 @functools.lru_cache(maxsize=None)
 def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = False):
-    """The LSE ``T.prim_func``; parameters in order: Q, K, Bias, Lens (Seqs), LSE, scale (fp32 scalar), and with
-    ``varlen`` max_seqlen (int32 scalar)."""
+    """The LSE ``T.prim_func``; parameters in order: Q, K, Bias, Lens (Seqs), LSE, scale (fp32 scalar), max_seqlen
+    (int32 scalar; read by the varlen grid only)."""
     import_tilelang()
     import tilelang.language as T
 

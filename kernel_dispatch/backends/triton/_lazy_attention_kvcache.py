@@ -6,7 +6,7 @@ position pos = n_b - Lq + j. The keys [0, n_b) of a batch row are cut into NS sp
 multiple of BLOCK_N computed on the device from n_b (:func:`_split_range`): the grid depends on shapes only, and
 splits that start at or past n_b have no keys and write nothing.
 
-Three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
+With NS > 1, three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
 
 - ``kvcache_lse_kernel`` reads K once: the log2-domain scores of its keys (scaled, biased, masked), their partial
   log-sum-exp per row -> LSE_PART [NS, B * Hkv, R]; with KEEP also the scores -> SCORES [B * Hkv, R, SP] fp32.
@@ -15,6 +15,10 @@ Three kernels, the first two on the grid (NS, B * Hkv, cdiv(R, BLOCK_M)):
   It writes O itself when NS == 1 (DIRECT), else its fp32 partial -> O_PART [NS, B * Hkv, R, D].
 - ``kvcache_reduce_kernel`` (NS > 1): O = the sum of O_PART over the non-empty splits, blocks of splits loaded
   at once. The output is a plain sum over keys (no renormalisation), so the partials need no rescaling.
+
+With NS == 1 the launcher runs ``kvcache_fused_kernel`` instead (grid (B * Hkv, cdiv(R, BLOCK_M))): pass 1, a CTA
+barrier, pass 2 in one program, through the same helpers (``_split_lse``, ``_split_out``), and it writes O; no
+launch between the sweeps. EVICT: K and V loads evict-first, the kept scores evict-last in the L2.
 
 A split's leading key blocks that every row of the tile sees at distance >= W (``_free_end``) skip the bias and
 the masks; the rest gather the bias of each score from Bias [H, W] fp32 (contiguous rows) at a clamped distance.
