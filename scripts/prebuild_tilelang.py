@@ -10,8 +10,7 @@ Needs the package importable (``make install``, or ``PYTHONPATH=.`` from the rep
 flags); batch, sequence length and token count are symbolic. This builds:
 
 - lazy_attention: its five kernels at head dims 64 and 128, fp16 and bf16, causal and not (every shape class the
-  TileLang backend supports); lazy_attention_varlen runs these same kernels (one dense batch per document
-  length), so it needs nothing more;
+  TileLang backend supports), each in its fixed-length and its packed-documents form (lazy_attention_varlen);
 - mhc_pre, mhc_post: every kernel at each n = 4 feature size of the test cases, of the benchmark's default sweep
   and of the GPU training configs, fp16 and bf16, with the default hyper-parameters and the SM count of an H100
   SXM or H200 (132: the mHC pre backward's token splits depend on it; ``--sms`` for other cards);
@@ -49,8 +48,8 @@ def _job(label: str, factory, args: tuple) -> KernelJob:
 
 
 def attention_jobs(D: int, dtype: torch.dtype, causal: bool) -> list[KernelJob]:
-    """The kernels of one TileLang lazy attention call (forward and backward) at head dim D, and the packed-documents
-    forms of the forward's (lazy_attention_varlen)."""
+    """The kernels of one TileLang lazy attention call (forward and backward) at head dim D, fixed-length and
+    packed-documents (lazy_attention_varlen) forms."""
     dt = lazy_attention.DTYPES[dtype]
     mask = "causal" if causal else "full"
     jobs = [_job(f"lazy_attention {name} d{D} {dt} {mask}", lazy_attention.FACTORIES[name],
@@ -142,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="float16,bfloat16",
                     help="dtypes to build, comma list of float16, bfloat16, float32 (default: %(default)s)")
     ap.add_argument("--ceiling", action="store_true", help="also the kernels of gpu_ceiling_tilelang_attention.py")
+    ap.add_argument("--only", help="comma list of label fragments: build only the kernels whose label (see --list) "
+                                   "contains one of them, e.g. 'varlen dkdv,d128 bfloat16 causal'")
     ap.add_argument("--list", action="store_true", help="print the kernels and exit")
     args = ap.parse_args(argv)
     ops = None
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     except (AttributeError, ValueError) as e:
         ap.error(f"--dtypes / --D: {e}")
     jobs = all_jobs(args.sms, args.ceiling, ops, mhc_d, dtypes)
+    if args.only:
+        jobs = [job for job in jobs if any(part in job.label for part in args.only.split(","))]
     if args.list:
         for job in jobs:
             print(job.label)

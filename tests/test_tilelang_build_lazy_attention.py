@@ -39,14 +39,15 @@ SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 0), "dq_delta": ("k_1", 0), 
 LSE_ROUND_TRIP = {"lse", "fwd", "dq_delta", "dkdv"}
 BUILDS = [("lse", True, False), ("lse", False, False), ("fwd", True, False), ("row_dot", True, False),
           ("dq_delta", True, False), ("dq_delta", False, False), ("dkdv", True, False), ("dkdv", False, False),
-          ("lse", True, True), ("fwd", True, True), ("fwd", False, True)]
-# packed documents (varlen): the output rows of a tile may belong to the next document, so O leaves by stores
-# predicated on the row (no TMA store)
-VARLEN_TMA_STORES = {"lse": set(), "fwd": set()}
+          ("lse", True, True), ("fwd", True, True), ("fwd", False, True), ("row_dot", True, True),
+          ("dq_delta", True, True), ("dq_delta", False, True), ("dkdv", True, True), ("dkdv", False, True)]
+# packed documents (varlen): the output rows of a tile may belong to the next document, so O, dQ, dK and dV leave
+# by stores predicated on the row (no TMA store)
+VARLEN_TMA_STORES = {name: set() for name in TMA_STORES}
 # varlen fwd: TileLang hoists the barrier of the one tile whose next-document V rows are zeroed out of its branch;
 # on an H100 the zeroing costs nothing measurable (uniform 4 x 4096 and a random draw of 8 documents, bf16, D=128:
 # within 1% and of either sign), so it stays
-VARLEN_SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 1)}
+VARLEN_SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 1), "dq_delta": ("k_1", 1), "dkdv": ("it_1", 1)}
 
 
 @pytest.fixture(scope="module")

@@ -108,3 +108,12 @@ def test_prebuild_jobs_are_unique_and_named(prebuild):
     jobs = prebuild.all_jobs()
     assert len({(j.module, j.factory, j.args) for j in jobs}) == len(jobs)
     assert all(j.label and j.factory in ("build", "prim_func") for j in jobs)
+
+
+def test_prebuild_only_keeps_the_kernels_whose_label_matches(prebuild, capsys):
+    assert prebuild.main(["--list", "--ops", "lazy_attention", "--dtypes", "bfloat16",
+                          "--only", "varlen dkdv d128,row_dot d64 bfloat16 full"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["lazy_attention row_dot d64 bfloat16 full", "lazy_attention_varlen row_dot d64 bfloat16 full",
+                     "lazy_attention_varlen dkdv d128 bfloat16 causal", "lazy_attention_varlen dkdv d128 bfloat16 full",
+                     "4 kernels"]

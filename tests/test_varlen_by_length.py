@@ -3,10 +3,6 @@
 
 - With golden's dense module it is golden varlen, bit for bit and dtype for dtype (LSE float64 for float64 q),
   and each distinct document length is one dense call whose rows land on that length's documents.
-- The TileLang backend's backward runs it over its dense launchers (its forward has packed kernels of its own, GPU
-  only): with those swapped for golden's dense functions (same signature), it makes one call per distinct length,
-  ascending, with lengths=None on a [B_L, H, L, D] batch, and dbias, dtau are the float64 sums of the per-call
-  results in call order, cast to fp32; the gradients match golden varlen.
 Cases: one document, empty documents, documents of one length, a one-token document; documents of one length next
 to each other (read as a view) and apart (gathered by index); GQA; causal and not.
 """
@@ -15,8 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_dispatch.backends.tilelang import lazy_attention as tl_dense
-from kernel_dispatch.backends.tilelang import lazy_attention_varlen as tl_varlen
 from kernel_dispatch.golden import lazy_attention as dense
 from kernel_dispatch.golden import lazy_attention_varlen as varlen
 from kernel_dispatch.ops.lazy_attention_varlen_cases import cu_seqlens_of
@@ -64,51 +58,3 @@ def test_driver_over_golden_dense_is_golden_varlen(docs, dtype, causal):
         o_L, lse_L = dense.forward(*batch, bias, tau, scale, None, causal)
         for j, (a, b) in enumerate(mine):
             assert torch.equal(o[a:b], o_L[j].transpose(0, 1)) and _same(lse[:, a:b], lse_L[j])
-
-
-class _Recorder:
-    """Golden's dense forward/backward in the TileLang launchers' place, recording each call."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-
-    def forward(self, q, k, v, bias, tau, scale, lengths, causal):
-        self.calls.append(("forward", tuple(q.shape), lengths, causal))
-        return dense.forward(q, k, v, bias, tau, scale, lengths, causal)
-
-    def backward(self, do, q, k, v, bias, tau, o, lse, scale, lengths, causal):
-        out = dense.backward(do, q, k, v, bias, tau, o, lse, scale, lengths, causal)
-        self.calls.append(("backward", tuple(q.shape), lengths, causal, out[3], out[4]))
-        return out
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("docs", DOCS, ids=lambda d: "-".join(map(str, d)))
-def test_tilelang_varlen_backward_runs_dense_once_per_length(docs, dtype, causal, monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(tl_dense, "forward", rec.forward)
-    monkeypatch.setattr(tl_dense, "backward", rec.backward)
-    monkeypatch.setattr(tl_dense, "_check", lambda q: None)  # the launchers' CUDA check: golden runs on the CPU
-    q, k, v, bias, tau, do, cu = _inputs(docs, dtype, seed=3)
-    scale = D ** -0.5
-    o, lse = varlen.forward(q, k, v, bias, tau, cu, max(docs), scale, causal)  # the residuals of every backend
-    grads = tl_varlen.backward(do, q, k, v, bias, tau, o, lse, cu, max(docs), scale, causal)
-
-    lengths = sorted({n for n in docs if n})
-    shapes = [(sum(n == L for n in docs), H, L, D) for L in lengths]
-    assert [c[:4] for c in rec.calls] == [("backward", s, None, causal) for s in shapes]
-    assert [g.dtype for g in grads] == [dtype, dtype, dtype, torch.float32, torch.float32]
-    bwd = [c for c in rec.calls if c[0] == "backward"]
-    for i, total in ((3, grads[3]), (4, grads[4])):  # float64 sums in call (ascending length) order, then fp32
-        want = torch.zeros(total.shape, dtype=torch.float64)
-        for c in bwd:
-            want += c[i + 1].to(torch.float64)
-        assert torch.equal(total, want.to(torch.float32))
-
-    ref = varlen.backward(do, q, k, v, bias, tau, o, lse, cu, max(docs), scale, causal)
-    assert all(_same(a, b) for a, b in zip(grads[:3], ref[:3]))  # the same dense calls
-    for name, got, want in zip(("dbias", "dtau"), grads[3:], ref[3:]):  # golden sums in fp32
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
-    again = tl_varlen.backward(do, q, k, v, bias, tau, o, lse, cu, max(docs), scale, causal)
-    assert all(torch.equal(a, b) for a, b in zip(grads, again))

@@ -23,12 +23,9 @@ CAPABILITIES = {
                                          "30.51 ms; 30.72 vs 31.26 in the run before)"),
     "lazy_attention_varlen": VarlenCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
                                         head_dims=(64, 128),
-                                        notes="forward: the lazy_attention LSE and output kernels over packed "
-                                              "documents (two launches, no host read); backward: the lazy_attention "
-                                              "kernels once per distinct document length (documents of a length "
-                                              "gathered into one dense batch, scattered back) after a host read of "
-                                              "cu_seqlens: not CUDA-graph capturable; Hopper (sm_90a); fp32 and "
-                                              "float64: no"),
+                                        notes="the lazy_attention kernels in their packed-documents form: "
+                                              "forward two launches, backward three, no host read (CUDA-graph "
+                                              "capturable); Hopper (sm_90a); fp32 and float64: no"),
     "lazy_attention_with_kvcache": KVCacheCaps(
         devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
         notes="Hopper (sm_90a) split-key decode: K by TMA once, partial LSEs, scores kept for the output pass when "

@@ -100,6 +100,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                         if (k + 1) * BN > lb:  # the tile crossing the document's end: the next document's V rows
                             for i, j in T.Parallel(BN, D):
                                 Vt_s[i, j] = T.if_then_else(k * BN + i < lb, V_s[i, j], T.Cast(dtype, 0))
+                            T.fence_proxy_async()  # the generic-proxy writes, visible to the wgmma (async proxy) after the barrier
                             T.gemm(a_cast, Vt_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
                         else:
                             T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+ROW_ALIGN = 4  # the backward's row vectors: rows padded to a multiple of this many fp32 (16 bytes) for TMA loads
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -43,9 +45,21 @@ class Layout:
         """Q, K, V, O, dO and their gradients."""
         return [self.tokens, heads, self.D] if self.varlen else [self.B, heads, self.L, self.D]
 
-    def vec_shape(self, heads) -> list:
-        """One fp32 value per (head, row): LSE, Delta, dO . O."""
-        return [heads, self.tokens] if self.varlen else [self.B, heads, self.L]
+    def vec_shape(self, heads, row_len=None) -> list:
+        """One fp32 value per (head, row): LSE, Delta, dO . O; ``row_len`` (a symbolic size >= T or L) for the
+        backward's vectors, whose rows are padded to a multiple of 16 bytes for TMA loads."""
+        n = row_len if row_len is not None else (self.tokens if self.varlen else self.L)
+        return [heads, n] if self.varlen else [self.B, heads, n]
+
+    def inv_shape(self, row_len) -> list:
+        """1/i of every row (one value per token, no head axis): [row_len] (varlen) or [B, row_len]."""
+        return [row_len] if self.varlen else [self.B, row_len]
+
+    def inv(self, X, seq, r0, n: int):
+        """The region of 1/i values [r0, r0 + n) of sequence ``seq``: [n]."""
+        if self.varlen:
+            return X[seq + r0:seq + r0 + n]
+        return X[seq, r0:r0 + n]
 
     def seqs_shape(self) -> list:
         return [self.seqs] if self.varlen else [self.B]
@@ -87,6 +101,26 @@ class Layout:
             return X[h, seq + r0:seq + r0 + n]
         return X[seq, h, r0:r0 + n]
 
+    def vec_pad(self) -> int:
+        """Extra entries of a shared buffer that :meth:`vec_tma` fills: ROW_ALIGN (varlen) or 0."""
+        return ROW_ALIGN if self.varlen else 0
+
+    def vec_tma(self, X, seq, h, r0, n: int):
+        """The region of row values [r0, r0 + n) of head h (h None: a vector without a head axis) for a TMA load
+        into a shared buffer of n + :meth:`vec_pad` entries, whose entry j + :meth:`vec_offset` is row r0 + j.
+
+        A TMA load's start in the contiguous dimension must be 16-byte aligned (an unaligned one is an illegal
+        instruction on an H100); a document starts at any token, so the varlen region starts at the aligned token
+        at or before seq + r0 and is ROW_ALIGN entries longer. Fixed length: rows start at multiples of the tile."""
+        if self.varlen:
+            a = seq + r0 - (seq + r0) % ROW_ALIGN
+            return X[a:a + n + ROW_ALIGN] if h is None else X[h, a:a + n + ROW_ALIGN]
+        return X[seq, r0:r0 + n] if h is None else X[seq, h, r0:r0 + n]
+
+    def vec_offset(self, seq, r0):
+        """Where row r0 sits in a buffer loaded by :meth:`vec_tma`."""
+        return (seq + r0) % ROW_ALIGN if self.varlen else 0
+
     def store_vec_macro(self, n: int):
         """A macro ``store(frag, X, seq, h, r0, lb)``: row values [r0, r0 + n) of ``frag`` [n] into X; varlen: only
         the rows before lb (fixed length: all, padding rows included, as the fixed-length contract has them)."""
@@ -102,6 +136,23 @@ class Layout:
             @T.macro
             def store(frag, X, seq, h, r0, lb):
                 T.copy(frag, X[seq, h, r0:r0 + n])
+        return store
+
+    def store_inv_macro(self, n: int):
+        """A macro ``store(frag, X, seq, r0, lb)``: 1/i values [r0, r0 + n) of ``frag`` [n] into X
+        (:meth:`inv_shape`); varlen: only the rows before lb."""
+        import tilelang.language as T
+
+        if self.varlen:
+            @T.macro
+            def store(frag, X, seq, r0, lb):
+                for i in T.Parallel(n):
+                    if r0 + i < lb:
+                        X[seq + r0 + i] = frag[i]
+        else:
+            @T.macro
+            def store(frag, X, seq, r0, lb):
+                T.copy(frag, X[seq, r0:r0 + n])
         return store
 
     def store_rows_macro(self, n: int):

@@ -19,7 +19,6 @@ import functools
 import torch
 
 from . import _build
-from ._constants import constant
 from . import _lazy_attention_dkdv_kernel as _dkdv_k
 from . import _lazy_attention_dq_delta_kernel as _dq_delta_k
 from . import _lazy_attention_fwd_kernel as _fwd_k
@@ -33,7 +32,7 @@ FACTORIES = {name: m.build for name, m in _MODULES.items()}
 CONFIGS = {D: {name: m.CONFIGS[D] for name, m in _MODULES.items()} for D in HEAD_DIMS}  # {head dim: {kernel: tiles}}
 
 
-VARLEN_KERNELS = ("lse", "fwd")  # the kernels with a packed-documents layout (``varlen``; _lazy_attention_layout)
+VARLEN_KERNELS = tuple(_MODULES)  # every kernel has a packed-documents form (``varlen``; _lazy_attention_layout)
 
 
 def kernel(name: str, head_dim: int, dtype: str, causal: bool, tiles, device=None, varlen: bool = False):
@@ -61,22 +60,6 @@ def _lens(lengths, B: int, L: int, device) -> torch.Tensor:
     if lengths is None:
         return torch.full((B,), L, dtype=torch.int32, device=device)
     return lengths.to(device=device, dtype=torch.int32).contiguous()
-
-
-def _causal_inv_i(B: int, L: int, LP: int, device) -> torch.Tensor:
-    """[B, LP] fp32: 1/i = 1/(m + 1) for causal row m < L, 0 in the padding (reused: the backward reads it only)."""
-    def make():
-        inv_i = torch.zeros(B, LP, dtype=torch.float32, device=device)
-        inv_i[:, :L] = 1.0 / torch.arange(1, L + 1, dtype=torch.float32, device=device)
-        return inv_i
-    return constant(("causal_inv_i", B, L, LP, device), make)
-
-
-def _full_inv_i(lens: torch.Tensor, L: int, LP: int) -> torch.Tensor:
-    """[B, LP] fp32: 1/i = 1/lengths[b] for every row m < L (causal=False), 0 in the padding."""
-    inv_i = torch.zeros(lens.shape[0], LP, dtype=torch.float32, device=lens.device)
-    inv_i[:, :L] = (1.0 / lens.to(torch.float32))[:, None]
-    return inv_i
 
 
 def forward(q, k, v, bias, tau, scale: float, lengths, causal: bool):
@@ -123,7 +106,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
         lse_p[..., :L] = lse
     delta, rdiv = rows(), rows()
     d0 = rows()  # dO . O, the dQ sweep's first estimate of Delta
-    inv_i = _causal_inv_i(B, L, LP, dev) if causal else _full_inv_i(lens, L, LP)
+    inv_i = (torch.empty if LP == L else torch.zeros)(B, LP, dtype=torch.float32, device=dev)  # 1/i, from dq_delta
     dk = torch.empty_like(kc)
     dv = torch.empty_like(vc)
     dq = torch.empty_like(qc)
@@ -131,8 +114,8 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     s = float(scale)
     with torch.cuda.device(dev):
         _kernel("row_dot", q, causal)(doc, o.to(q.dtype).contiguous(), d0)
-        _kernel("dq_delta", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, d0, delta, rdiv, dq, s)
-        _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial, s)
+        _kernel("dq_delta", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, d0, delta, rdiv, inv_i, dq, s, L)
+        _kernel("dkdv", q, causal)(qc, kc, vc, doc, bias32, tau32, lens, lse_p, delta, inv_i, dk, dv, partial, s, L)
     dbias = partial.sum((0, 2), dtype=torch.float64)  # fixed-order sums of the per-key-block partials
     if dbias.shape[1] < W:  # distances >= L: no pair of positions is that far apart
         dbias = torch.nn.functional.pad(dbias, (0, W - dbias.shape[1]))
