@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ROW_ALIGN = 4  # the backward's row vectors: rows padded to a multiple of this many fp32 (16 bytes) for TMA loads
+TMA_SMEM_ALIGN = 32  # fp32 entries: a TMA load's shared-memory destination is 128-byte aligned (each pipeline stage)
 
 
 @dataclass(frozen=True)
@@ -102,19 +103,22 @@ class Layout:
         return X[seq, h, r0:r0 + n]
 
     def vec_pad(self) -> int:
-        """Extra entries of a shared buffer that :meth:`vec_tma` fills: ROW_ALIGN (varlen) or 0."""
-        return ROW_ALIGN if self.varlen else 0
+        """Extra entries of a shared buffer that :meth:`vec_tma` fills: TMA_SMEM_ALIGN (varlen: at least ROW_ALIGN,
+        and the buffer's pipeline stages stay 128-byte aligned for row blocks of a multiple of 32) or 0."""
+        return TMA_SMEM_ALIGN if self.varlen else 0
 
     def vec_tma(self, X, seq, h, r0, n: int):
         """The region of row values [r0, r0 + n) of head h (h None: a vector without a head axis) for a TMA load
         into a shared buffer of n + :meth:`vec_pad` entries, whose entry j + :meth:`vec_offset` is row r0 + j.
 
         A TMA load's start in the contiguous dimension must be 16-byte aligned (an unaligned one is an illegal
-        instruction on an H100); a document starts at any token, so the varlen region starts at the aligned token
-        at or before seq + r0 and is ROW_ALIGN entries longer. Fixed length: rows start at multiples of the tile."""
+        instruction on an H100) and its shared-memory destination 128-byte aligned (else a misaligned address); a
+        document starts at any token, so the varlen region starts at the aligned token at or before seq + r0 and is
+        :meth:`vec_pad` entries longer. Fixed length: rows start at multiples of the tile."""
         if self.varlen:
             a = seq + r0 - (seq + r0) % ROW_ALIGN
-            return X[a:a + n + ROW_ALIGN] if h is None else X[h, a:a + n + ROW_ALIGN]
+            m = n + self.vec_pad()
+            return X[a:a + m] if h is None else X[h, a:a + m]
         return X[seq, r0:r0 + n] if h is None else X[seq, h, r0:r0 + n]
 
     def vec_offset(self, seq, r0):
