@@ -43,11 +43,10 @@ CAPABILITIES = {
 # attention forward and fwd+bwd, the target shape included, and every mHC fwd+bwd. The points where Triton leads are
 # named in the notes (lazy attention: one fwd+bwd at L=32768 by 0.7%, a tie; mHC: one sub-millisecond forward).
 # Priority is per operator, so auto keeps TileLang first there. KV-cache decode: Triton was faster at all seven
-# benchmarked shapes (H100, docs/benchmarks.md), so TileLang comes after it. lazy_attention_varlen: TileLang's
-# packed forward is faster than Triton's (0.77 against 0.84 ms at the benchmark's random draw), but its backward runs
-# one batch per distinct document length after a host read of cu_seqlens (no CUDA-graph capture; forward+backward
-# 6.2 against 3.4 ms), so auto takes Triton first.
-PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 10, "lazy_attention_with_kvcache": 10, "mhc_pre": 30,
+# benchmarked shapes (H100, docs/benchmarks.md), so TileLang comes after it. lazy_attention_varlen: TileLang's packed
+# kernels are faster than Triton's in both benchmark cases, forward and fwd+bwd (H100, 81caf82: random draw 0.77 /
+# 3.04 against 0.85 / 3.38 ms, 4 x 4096 0.98 / 3.96 against 1.09 / 4.48 ms), so TileLang comes first there too.
+PRIORITY = {"lazy_attention": 30, "lazy_attention_varlen": 30, "lazy_attention_with_kvcache": 10, "mhc_pre": 30,
             "mhc_post": 30}
 
 
