@@ -9,8 +9,7 @@ float64 q). dbias and dtau sum over documents.
 
 :func:`forward_by_length` and :func:`backward_by_length` are that per-length driver for any module with the
 dense signatures ``forward(q, k, v, bias, tau, scale, lengths, causal)`` and ``backward(do, q, k, v, bias, tau,
-o, lse, scale, lengths, causal)`` (the TileLang backend runs its dense kernels through them). They read
-cu_seqlens on the host.
+o, lse, scale, lengths, causal)``. They read cu_seqlens on the host.
 """
 from __future__ import annotations
 
