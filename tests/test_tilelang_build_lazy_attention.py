@@ -111,6 +111,21 @@ _EARLY_RELEASE = """
 """
 
 
+@pytest.mark.parametrize("D", (64, 128))
+def test_packed_vector_stages_are_tma_aligned(D):
+    """The packed dK/dV kernel TMA-loads LSE, Delta and 1/i from the 16-byte aligned token before a query block into
+    buffers of block_m + vec_pad entries per pipeline stage: the start needs at most ROW_ALIGN - 1 extra entries, and
+    each stage must begin 128 bytes after the last (an H100 faults on either, docs/lazy-attention-speed.md)."""
+    from kernel_dispatch.backends.tilelang import lazy_attention as la
+    from kernel_dispatch.backends.tilelang._lazy_attention_layout import ROW_ALIGN, Layout
+
+    lay = Layout(True, D, None, None)
+    entries = la.CONFIGS[D]["dkdv"].block_m + lay.vec_pad()
+    assert lay.vec_pad() >= ROW_ALIGN - 1
+    assert entries * 4 % 128 == 0, f"a stage of {entries} fp32 is not a multiple of 128 bytes"
+    assert Layout(False, D, None, None).vec_pad() == 0  # fixed length: blocks start at multiples of the tile
+
+
 def test_release_check_catches_a_release_before_the_wait():
     bad = release_violations(_EARLY_RELEASE)
     assert len(bad) == 1 and "releases Ka_s" in bad[0]
