@@ -44,9 +44,10 @@ BUILDS = [("lse", True, False), ("lse", False, False), ("fwd", True, False), ("r
 # packed documents (varlen): the output rows of a tile may belong to the next document, so O, dQ, dK and dV leave
 # by stores predicated on the row (no TMA store)
 VARLEN_TMA_STORES = {name: set() for name in TMA_STORES}
-# varlen fwd: TileLang hoists the barrier of the one tile whose next-document V rows are zeroed out of its branch;
-# on an H100 the zeroing costs nothing measurable (uniform 4 x 4096 and a random draw of 8 documents, bf16, D=128:
-# within 1% and of either sign), so it stays
+# varlen fwd and dQ: TileLang hoists the barrier of the one key tile whose next-document rows are zeroed out of its
+# branch; on an H100 the forward's costs nothing measurable (uniform 4 x 4096 and a random draw of 8 documents, bf16,
+# D=128: within 1% and of either sign), and the packed fwd+bwd at the uniform case, where no tile is zeroed, runs at
+# 0.98x the fixed-length kernels (docs/lazy-attention-speed.md), so they stay
 VARLEN_SWEEP_BARRIERS = {"lse": ("k_1", 0), "fwd": ("k_1", 1), "dq_delta": ("k_1", 1), "dkdv": ("it_1", 1)}
 
 

@@ -14,7 +14,7 @@ reproducible.
 
 Layout: Q, dO [B, H, L, D]; K, V [B, Hkv, L, D], contiguous fp16/bf16; Bias [H, W], Tau [H]
 fp32; Lens [B] int32; LSE, Delta [B, H, LP] fp32 and InvI [B, LP] fp32 (1/i of each row),
-LP >= L a multiple of ROW_ALIGN (rows of the TMA-loaded vectors must be 16-byte aligned).
+LP >= L a multiple of ROW_ALIGN (``_lazy_attention_layout``; rows of the TMA-loaded vectors must be 16-byte aligned).
 Out: dK, dV [B, Hkv, L, D] in k's dtype; Partial [B, H, NKB, WP] fp32, zero-initialised,
 NKB = ceil(L / block_n), WP = min(W, L) (no distance reaches L). B, H, Hkv, L, LP, W, NKB, WP
 are symbolic.
@@ -32,9 +32,9 @@ the crossing query tile's Q and dO rows are zeroed in copies for the two dK/dV G
 import functools
 
 from ._build import import_tilelang
-from ._lazy_attention_layout import ROW_ALIGN, Layout
-from ._lazy_attention_tiles import (LOG2E, Tiles, is_free_tile, lse2_of, mask_of, one_key_probs_macro, p_of, relu,
-                                    score_macro)
+from ._lazy_attention_layout import Layout
+from ._lazy_attention_tiles import (LOG2E, Tiles, is_free_tile, lse2_of, mask_of, one_key_probs_macro, own_rows_macro,
+                                    p_of, relu, score_macro)
 
 CONFIGS = {64: Tiles(block_m=64, block_n=128, threads=256, num_stages=2),
            128: Tiles(block_m=64, block_n=128, threads=256, num_stages=2)}
@@ -56,6 +56,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
     LP, W, NKB, WP = T.dynamic("LP, W, NKB, WP")
     scores = score_macro(BN, BM, causal, transposed=True, mask_rows=True)
     one_key_probs = one_key_probs_macro(BN, BM, causal)
+    own_rows = own_rows_macro(BM, D, dtype, tiles=2)
     store_rows = lay.store_rows_macro(BN)
     part_shape = [H, NKB, WP] if varlen else [lay.B, H, NKB, WP]
     qt_shape = [BM, D] if varlen else [8, 8]
@@ -217,10 +218,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                                             Partial[bz, hv, prow, t_base + c * NS + x] = prev[x] + (diag[x] + diag2[x])
                     if varlen:
                         if m0v + BM > lb:  # the query tile crossing the document's end: the next document's rows
-                            for i, j in T.Parallel(BM, D):
-                                Qt_s[i, j] = T.if_then_else(m0v + i < lb, Q_s[i, j], T.Cast(dtype, 0))
-                                dOt_s[i, j] = T.if_then_else(m0v + i < lb, dO_s[i, j], T.Cast(dtype, 0))
-                            T.fence_proxy_async()  # the generic-proxy writes, visible to the wgmma (async proxy) after the barrier
+                            own_rows(m0v, lb, Qt_s, Q_s, dOt_s, dO_s)
                             T.gemm(aT_cast, dOt_s, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                             T.gemm(dsT_cast, Qt_s, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                         else:

@@ -32,7 +32,7 @@ from ._build import import_tilelang
 from ._lazy_attention_layout import Layout
 from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, first_query,
                                     is_free_tile, is_one_key_row, key_blocks, lse2_of, mask_of, one_key_rows_macro,
-                                    p_of, score_macro)
+                                    own_rows_macro, p_of, score_macro)
 
 # 64-key tiles keep the two fp32 accumulators (X, Y) in registers
 CONFIGS = {64: Tiles(block_m=128, block_n=64, threads=256, num_stages=3),
@@ -54,6 +54,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=True)
     fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
+    own_rows = own_rows_macro(BN, D, dtype)
     store_vec = lay.store_vec_macro(BM)
     store_dq = lay.store_rows_macro(BM)
     store_inv = lay.store_inv_macro(BM)
@@ -114,6 +115,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                 for i in T.Parallel(BM):
                     lse2[i] = lse2_of(lse2[i])
                     inv_i[i] = T.float32(1) / T.Cast(f32, (m0 + i + 1) if causal else lb)
+                    # Tau[by] read here: a scalar bound before `if lay.live` is "used before definition" to TileLang
                     thr[i] = Tau[by] * inv_i[i]
                     d0[i] = T.if_then_else(T.isfinite(d0[i]), d0[i], T.float32(0))  # any row constant will do
                 T.fill(r_acc, 0)
@@ -150,9 +152,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                         d_acc[i] = d_acc[i] + d_blk[i]
                     if varlen:
                         if (k + 1) * BN > lb:  # the tile crossing the document's end: the next document's K rows
-                            for i, j in T.Parallel(BN, D):
-                                Kt_s[i, j] = T.if_then_else(k * BN + i < lb, K_s[i, j], T.Cast(dtype, 0))
-                            T.fence_proxy_async()  # the generic-proxy writes, visible to the wgmma (async proxy) after the barrier
+                            own_rows(k * BN, lb, Kt_s, K_s)
                             T.gemm(g_cast, Kt_s, acc_x, policy=T.GemmWarpPolicy.FullRow)
                             T.gemm(p_cast, Kt_s, acc_y, policy=T.GemmWarpPolicy.FullRow)
                         else:

@@ -18,7 +18,8 @@ import functools
 from ._build import import_tilelang
 from ._lazy_attention_layout import Layout
 from ._lazy_attention_tiles import (LOG2E, Tiles, distance_table_macro, distance_table_size, first_query,
-                                    is_free_tile, key_blocks, lse2_of, one_key_rows_macro, p_of, score_macro)
+                                    is_free_tile, key_blocks, lse2_of, one_key_rows_macro, own_rows_macro, p_of,
+                                    score_macro)
 
 CONFIGS = {64: Tiles(block_m=128, block_n=128, threads=256, num_stages=2),
            128: Tiles(block_m=128, block_n=128, threads=256, num_stages=2)}
@@ -38,6 +39,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
     scores = score_macro(BM, BN, causal, transposed=False, mask_rows=False)
     fill_table = distance_table_macro(BM, BN, causal)
     one_key_rows = one_key_rows_macro(BM, BN, causal)
+    own_rows = own_rows_macro(BN, D, dtype)
     store_o = lay.store_rows_macro(BM)
     vt_shape = [BN, D] if varlen else [8, 8]
 
@@ -98,9 +100,7 @@ def build(head_dim: int, dtype: str, causal: bool, tiles: Tiles, varlen: bool = 
                                                           T.float32(0))
                     if varlen:
                         if (k + 1) * BN > lb:  # the tile crossing the document's end: the next document's V rows
-                            for i, j in T.Parallel(BN, D):
-                                Vt_s[i, j] = T.if_then_else(k * BN + i < lb, V_s[i, j], T.Cast(dtype, 0))
-                            T.fence_proxy_async()  # the generic-proxy writes, visible to the wgmma (async proxy) after the barrier
+                            own_rows(k * BN, lb, Vt_s, V_s)
                             T.gemm(a_cast, Vt_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
                         else:
                             T.gemm(a_cast, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)

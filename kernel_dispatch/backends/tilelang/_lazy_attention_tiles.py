@@ -255,6 +255,32 @@ def one_key_probs_macro(R: int, C: int, causal: bool):
     return fix
 
 
+def own_rows_macro(rows: int, D: int, dtype: str, tiles: int = 1):
+    """A macro ``copy(r0, lb, dst, src[, dst2, src2])`` for packed documents: each shared tile ``dst`` [rows, D]
+    becomes ``src`` with the rows r0 + i >= lb (the next document's) zeroed, for a GEMM that multiplies them by zeros
+    (0 * NaN is NaN). The copies are generic-proxy writes that the wgmma reads through the async proxy: the macro ends
+    with ``fence.proxy.async``, so each writing thread fences before the barrier TileLang puts before the GEMM (the
+    order the PTX memory model describes; TileLang's own fence comes after that barrier). ``tiles``: one or two tiles
+    copied in one loop."""
+    import tilelang.language as T
+
+    zero = T.Cast(dtype, 0)
+    if tiles == 1:
+        @T.macro
+        def copy(r0, lb, dst, src):
+            for i, j in T.Parallel(rows, D):
+                dst[i, j] = T.if_then_else(r0 + i < lb, src[i, j], zero)
+            T.fence_proxy_async()
+    else:
+        @T.macro
+        def copy(r0, lb, dst, src, dst2, src2):
+            for i, j in T.Parallel(rows, D):
+                dst[i, j] = T.if_then_else(r0 + i < lb, src[i, j], zero)
+                dst2[i, j] = T.if_then_else(r0 + i < lb, src2[i, j], zero)
+            T.fence_proxy_async()
+    return copy
+
+
 def is_one_key_row(m, lb, causal: bool):
     """Whether query row m of a sequence of length lb sees exactly one key (i = 1: causal row 0, or lb == 1)."""
     import tilelang.language as T

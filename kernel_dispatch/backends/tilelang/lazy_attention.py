@@ -24,6 +24,7 @@ from . import _lazy_attention_dq_delta_kernel as _dq_delta_k
 from . import _lazy_attention_fwd_kernel as _fwd_k
 from . import _lazy_attention_lse_kernel as _lse_k
 from . import _lazy_attention_row_dot_kernel as _row_dot_k
+from ._lazy_attention_layout import ROW_ALIGN
 
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 HEAD_DIMS = (64, 128)
@@ -96,7 +97,7 @@ def backward(do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool
     bias32 = bias.to(torch.float32).contiguous()
     tau32 = tau.to(torch.float32).contiguous()
     lens = _lens(lengths, B, L, dev)
-    LP = -(-L // _dkdv_k.ROW_ALIGN) * _dkdv_k.ROW_ALIGN  # padded row length: the dK/dV kernel TMA-loads these rows
+    LP = -(-L // ROW_ALIGN) * ROW_ALIGN  # padded row length: the dK/dV kernel TMA-loads these rows
     # with LP == L every column of the row vectors is written before it is read: no fills
     rows = functools.partial(torch.empty if LP == L else torch.zeros, B, H, LP, dtype=torch.float32, device=dev)
     if LP == L and lse.dtype == torch.float32 and lse.is_contiguous() and lse.data_ptr() % 16 == 0:

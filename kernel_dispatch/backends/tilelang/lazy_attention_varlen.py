@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import lazy_attention as dense
-from ._lazy_attention_dkdv_kernel import ROW_ALIGN
+from ._lazy_attention_layout import ROW_ALIGN
 
 
 def forward(q, k, v, bias, tau, cu_seqlens, max_seqlen: int, scale: float, causal: bool):
