@@ -53,6 +53,10 @@ CASES = (
                gpu_only=True),
     VarlenCase("realistic_gqa_noncausal", docs=(1000, 1, 2047, 700), H=16, Hkv=4, D=64, W=256, causal=False,
                gpu_only=True),
+    # the kernel-breaking documents at a head dim every GPU backend takes (TileLang: 64 and 128): empty ones, one
+    # token, each side of the 64- and 128-row tiles, then two hundred of 0..5 tokens
+    VarlenCase("edges_d64", docs=(0, 1, 63, 64, 65, 0, 127, 128, 129) + _drawn(200, 0, 5, seed=2), H=2, Hkv=1, D=64,
+               W=32, gpu_only=True),
 )
 
 
