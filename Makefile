@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e ".[test,cpu-build,hf]"
+	$(PY) -m pip install -q -e ".[test,cpu-build,hf,cute]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -41,6 +41,7 @@ BACKEND_PACKAGES = {
     "golden": "kernel_dispatch.golden",
     "triton": "kernel_dispatch.backends.triton",
     "tilelang": "kernel_dispatch.backends.tilelang",
+    "cute": "kernel_dispatch.backends.cute",
 }
 BACKEND_NAMES = tuple(BACKEND_PACKAGES)
 

@@ -15,31 +15,17 @@ compares with torch. ``pack`` writes the runtime library and the tvm_ffi wheel's
 """
 
 import argparse
-import io
 import ctypes
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 NAME = "kd_probe_vector_add"
 ARCH = "sm_90a"
 THREADS = 128
-
-
-def _dsl_runtime_library() -> Path:
-    """libcute_dsl_runtime.so of the installed DSL (the cu13 libs wheel)."""
-    import nvidia_cutlass_dsl
-
-    for sub in ("cu13", "cu12"):
-        lib = Path(nvidia_cutlass_dsl.__path__[0]) / sub / "lib" / "libcute_dsl_runtime.so"
-        if lib.exists():
-            return lib
-    raise SystemExit("cute_toolchain_probe: libcute_dsl_runtime.so not found (install nvidia-cutlass-dsl[cu13])")
 
 
 def build(out: Path) -> dict:
@@ -79,19 +65,10 @@ def build(out: Path) -> dict:
 
 
 def pack(tar_path: Path, tvm_ffi_wheel: Path) -> None:
-    """One xz tarball: lib/libcute_dsl_runtime.so and the tvm_ffi package from ``tvm_ffi_wheel`` (a wheel for the
-    GPU machine's Python) under site/."""
-    tar_path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(tar_path, "w:xz") as tar:
-        tar.add(_dsl_runtime_library(), arcname="lib/libcute_dsl_runtime.so")
-        with zipfile.ZipFile(tvm_ffi_wheel) as wheel:
-            for info in wheel.infolist():
-                if info.filename.startswith("tvm_ffi/") and not info.is_dir():
-                    data = wheel.read(info)
-                    entry = tarfile.TarInfo("site/" + info.filename)
-                    entry.size, entry.mode = len(data), 0o755 if info.filename.endswith(".so") else 0o644
-                    tar.addfile(entry, io.BytesIO(data))
-    print(f"{tar_path}: {tar_path.stat().st_size / 2 ** 20:.1f} MiB")
+    """The backend's runtime pack (``python -m kernel_dispatch.backends.cute.build --pack-runtime``)."""
+    from kernel_dispatch.backends.cute.build import pack_runtime
+
+    pack_runtime(tar_path, tvm_ffi_wheel)
 
 
 def run(out: Path, runtime: Path) -> None:

@@ -16,8 +16,9 @@ def test_golden_implements_every_operator_and_a_missing_one_is_a_reason():
     for op in kd.OPERATORS:
         assert "golden" in {i.backend for i in registry.implementations(op)}
     for b in kd.BACKEND_NAMES:
-        for op in ("lazy_attention", "mhc_pre", "mhc_post"):
+        for op in ("lazy_attention",) + (() if b == "cute" else ("mhc_pre", "mhc_post")):  # cute: attention only
             assert registry.impl(op, b) is not None, (op, b)
+    assert registry.why_not("mhc_pre", "cute", MHC_META) == ["no cute implementation of mhc_pre"]
     registry.unregister_impl("mhc_post", "triton")
     try:
         assert registry.why_not("mhc_post", "triton", MHC_META) == ["no triton implementation of mhc_post"]
@@ -65,7 +66,7 @@ def test_unknown_environment_name_fails_listing_valid_names(monkeypatch, value):
     monkeypatch.setenv("LAZYATTN_BACKEND", value)
     with pytest.raises(kd.ConfigError) as e:
         registry.current_choice("lazy_attention")
-    assert "LAZYATTN_BACKEND" in str(e.value) and "golden, triton, tilelang, auto" in str(e.value)
+    assert "LAZYATTN_BACKEND" in str(e.value) and "golden, triton, tilelang, cute, auto" in str(e.value)
 
 
 def test_yaml_forms_and_errors(tmp_path):

@@ -1,0 +1,71 @@
+"""CuTe DSL lazy attention backward launcher (SPEC section 1); imports no DSL.
+
+Two kernels (``_lazy_attention_bwd_kernel``): ``dq`` (query-major: Delta, the dtau row terms Rdiv = (1/i) sum_n Mk dA
+and dQ) then ``dkdv`` (key-major: dK, dV summed over the GQA heads in a fixed order, and per-key-block dbias
+partials). dbias and dtau are fixed-order float64 sums of those partials here, so every output is bitwise
+reproducible (no atomics).
+
+The kernels read rows in whole 64-row tiles: when L is not a multiple of 64, or lengths are given, q, k, v, dO are
+copied into zero-filled buffers of LP = ceil(L / 64) * 64 rows with positions >= lengths[b] zeroed (padding,
+NaN included, never reaches a product). Outputs are sliced back to L rows.
+"""
+import torch
+
+TILE = 64
+
+
+def _rows(t: torch.Tensor, dtype, L: int, LP: int, pad_mask) -> torch.Tensor:
+    """``t`` [B, X, L, D] as a contiguous [B, X, LP, D] of ``dtype``, rows >= L and masked positions zero."""
+    t = t.to(dtype)
+    if LP == L and pad_mask is None:
+        return t.contiguous()
+    out = torch.zeros(t.shape[0], t.shape[1], LP, t.shape[3], dtype=dtype, device=t.device)
+    out[:, :, :L] = t
+    if pad_mask is not None:
+        out.masked_fill_(pad_mask[:, None, :, None], 0)
+    return out
+
+
+def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
+    """(dq, dk, dv, dbias, dtau): dq/dk/dv in q/k/v's dtypes [B, H|Hkv, L, D] contiguous, dbias [H, W] and dtau [H]
+    in bias/tau's dtypes. ``kernel(name)`` gives the loaded kernel ("dq", "dkdv") for this head dim, dtype, mask.
+    o is unused (Delta is recomputed exactly from the tiles); lse [B, H, L] fp32 natural log."""
+    B, H, L, D = q.shape
+    Hkv = k.shape[1]
+    W = bias.shape[1]
+    dev, dt = q.device, q.dtype
+    LP = -(-L // TILE) * TILE
+    if lengths is None:
+        lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+        pad_mask = None
+    else:
+        lens = lengths.to(device=dev, dtype=torch.int32).contiguous()
+        pad_mask = torch.arange(LP, device=dev)[None, :] >= lens[:, None]
+    qp, kp, vp, dop = (_rows(t, dt, L, LP, pad_mask) for t in (q, k, v, do))
+    if LP == L and lse.dtype == torch.float32 and lse.is_contiguous():
+        lse_p = lse
+    else:
+        lse_p = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
+        lse_p[..., :L] = lse
+    bias32 = bias.to(torch.float32).contiguous()
+    tau32 = tau.to(torch.float32).contiguous()
+    delta = torch.empty(B, H, LP, dtype=torch.float32, device=dev)
+    rdiv = torch.empty(B, H, LP, dtype=torch.float32, device=dev)
+    dq = torch.empty(B, H, LP, D, dtype=dt, device=dev)
+    dk = torch.empty(B, Hkv, LP, D, dtype=dt, device=dev)
+    dv = torch.empty(B, Hkv, LP, D, dtype=dt, device=dev)
+    WP = min(W, L)
+    partial = torch.zeros(B, H, LP // TILE, 2 * WP - 1, dtype=torch.float32, device=dev)
+    s = float(scale)
+    kernel("dq")(qp, kp, vp, dop, lse_p, bias32, tau32, lens, dq, delta, rdiv, s)
+    kernel("dkdv")(qp, kp, vp, dop, lse_p, delta, bias32, tau32, lens, dk, dv, partial, int(L), s)
+    full = partial.sum((0, 2), dtype=torch.float64)  # [H, 2 WP - 1], index = signed distance + WP - 1
+    dbias = full[:, WP - 1:].clone()
+    if not causal and WP > 1:
+        dbias[:, 1:] += full[:, :WP - 1].flip(-1)
+    if WP < W:  # distances >= L: no pair of positions is that far apart
+        dbias = torch.nn.functional.pad(dbias, (0, W - WP))
+    dtau = rdiv[..., :L].sum((0, 2), dtype=torch.float64)
+    if LP != L:
+        dq, dk, dv = (t[:, :, :L].contiguous() for t in (dq, dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias.dtype), dtau.to(tau.dtype)

@@ -1,0 +1,34 @@
+"""CuTe DSL lazy attention forward launcher (SPEC section 1); imports no DSL.
+
+``kernel(short_name)`` gives the loaded TVM FFI function of ``_lazy_attention_fwd_kernel`` (KERNELS = ("fwd",)) for
+the current (head dim, dtype, causal); it runs on torch's current stream (the TVM FFI environment stream).
+"""
+import torch
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned base (the kernel's 128-bit copies assume it)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
+    """O [B, H, L, D] (q's dtype, contiguous) and LSE [B, H, L] fp32 (natural log, golden's residual).
+
+    q [B, H, L, D], k/v [B, Hkv, L, D] fp16/bf16 CUDA; bias [H, W], tau [H]; lengths [B] int or None.
+    """
+    B, H, L, D = q.shape
+    qc, kc, vc = _rows(q), _rows(k.to(q.dtype)), _rows(v.to(q.dtype))
+    bias32 = bias.to(device=q.device, dtype=torch.float32).contiguous()
+    tau32 = tau.to(device=q.device, dtype=torch.float32).contiguous()
+    if lengths is None:
+        lens = torch.full((B,), L, dtype=torch.int32, device=q.device)
+    else:
+        lens = lengths.to(device=q.device, dtype=torch.int32).clamp(0, L).contiguous()
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
+    o = torch.empty(B, H, L, D, dtype=q.dtype, device=q.device)
+    if B == 0 or H == 0 or L == 0:
+        return o, lse
+    with torch.cuda.device(q.device):
+        kernel("fwd")(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
+    return o, lse
