@@ -1,0 +1,482 @@
+"""CuTe DSL kernel: the lazy attention forward (SPEC section 1) on Hopper's own machinery (TMA, wgmma, warp
+specialisation). Same arguments, outputs and LSE residual as ``_lazy_attention_fwd_kernel`` ("fwd"); compiled and
+resource-checked for sm_90a but NOT YET RUN ON A GPU (see docs/cute-backend.md before using it anywhere).
+
+One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
+
+- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q [BM, D] once into
+  sQ (the Q pipeline, one stage), then the key tiles [BN, D] into a ring of STAGES buffers (the KV pipeline): sweep 1
+  needs K(0) .. K(n-1), sweep 2 needs K(0), V(0), K(1), V(1), ... A K tile and a V tile have the same byte size, so
+  they share one ring (a V stage is the same bytes seen through V's MN-major swizzled layout).
+- warpgroups 1 and 2, the consumers (setmaxnreg up to 240): one cooperative wgmma tiled MMA over both (each
+  warpgroup owns 64 of the 128 query rows), S = Q K^T with both operands in shared memory, O += A V with A from
+  registers (the fp32 S accumulator converted in place to the A-operand fragment) and V^T in shared memory.
+  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (stored as the shipped kernel does);
+  sweep 2: S again, P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation).
+
+Synchronisation (which barrier guards which buffer):
+- Q pipeline (mbarriers, PipelineTmaAsync, 1 stage): full barrier = the TMA transaction count of sQ; the consumers
+  wait on it once. sQ is never refilled, so nobody releases it.
+- KV pipeline (mbarriers, PipelineTmaAsync, STAGES stages): full[s] completes when the TMA bytes of stage s land
+  (producer: acquire = wait empty[s] then arrive-expect-tx on full[s]); empty[s] needs one arrive from each of the 8
+  consumer warps (lane 0 of each, PipelineTmaAsync.consumer_release) after the warpgroup's wgmma reading stage s
+  has completed (warpgroup.wait_group(0) precedes every release).
+- Named barrier 1 (256 consumer threads): after the consumers overwrite shared memory with generic stores (rows of
+  sQ at query positions >= lengths[b]; rows of a V stage at key positions >= lengths[b]) each writer issues
+  fence.proxy.async.shared::cta and then the barrier, so the following wgmma (async proxy) sees the zeros. Both
+  consumer warpgroups write the same zeros to the same V rows (identical values, so the overlap is benign).
+- wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
+  instructions; commit_group + wait_group(0) before any register or buffer of that GEMM is read or released.
+
+Rules kept from the shipped kernel: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-exp of
+the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
+-inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
+arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
+Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_is_free``); on those
+the bias is read from global memory (L1/L2 resident, [H, W] fp32).
+
+Layout (all contiguous): Q, O [B, H, L, D]; K, V [B, Hkv, L, D] fp16/bf16; Bias [H, W], Tau [H] fp32; Lens [B]
+int32; LSE [B, H, L] fp32. B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
+"""
+
+import time
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ._kernel_key import KernelKey
+
+KERNELS = ("fwd_sm90",)
+ARGS = {
+    "fwd_sm90": [
+        "q fp16/bf16 [B,H,L,D] contiguous",
+        "k fp16/bf16 [B,Hkv,L,D] contiguous",
+        "v fp16/bf16 [B,Hkv,L,D] contiguous",
+        "bias fp32 [H,W] contiguous",
+        "tau fp32 [H]",
+        "lengths int32 [B] (L when no padding; values in [0, L])",
+        "lse fp32 [B,H,L] (written, natural log)",
+        "o fp16/bf16 [B,H,L,D] (written)",
+        "scale float (python scalar)",
+    ]
+}
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+BM = 128  # query rows per CTA (two consumer warpgroups of 64)
+BN = 128  # keys per tile
+STAGES = {64: 8, 128: 5}  # K/V ring depth per head dim (shared memory: Q + STAGES tiles of BN x D)
+WG = 128  # threads per warpgroup
+NUM_THREADS = 3 * WG
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
+CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
+
+
+class LazyAttentionFwdSm90:
+    def __init__(self, head_dim: int, dtype, causal: bool):
+        self.D = head_dim
+        self.dtype = dtype
+        self.causal = causal
+        self.stages = STAGES[head_dim]
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor,
+                 mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor, scale: cutlass.Float32, stream):
+        D = self.D
+        dt = self.dtype
+        K_MAJOR = cute.nvgpu.OperandMajorMode.K
+        MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
+
+        # S = Q K^T: A = Q (BM x D, K-major), B = K (BN x D, K-major); two warpgroups split M
+        qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (2, 1, 1), (64, BN))
+        qk_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (2, 1, 1), (64, BN))
+        # O += A V: A from registers (BM x BN), B = V^T (D x BN, D contiguous: MN-major)
+        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (2, 1, 1), (64, D),
+                                                   warpgroup.OperandSource.RMEM)
+
+        # shared memory layouts: 128-byte swizzles (D * 16 bits is a multiple of 1024 for D = 64 and 128)
+        k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
+        mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
+        sQ_layout = cute.tile_to_shape(k_atom, (BM, D), order=(0, 1))
+        sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
+        sV_layout = cute.tile_to_shape(mn_atom, (D, BN, self.stages), order=(1, 0, 2))
+
+        # TMA views: (rows, D, head, batch) for Q and K, (D, keys, head, batch) for V
+        q_t = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0]))
+        k_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[2, 3, 1, 0]))
+        v_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 2, 1, 0]))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, sQ_layout, (BM, D))
+        tma_k, tma_k_t = cpasync.make_tiled_tma_atom(g2s, k_t, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
+        tma_v, tma_v_t = cpasync.make_tiled_tma_atom(g2s, v_t, cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]  # full, empty of the 1-stage Q pipeline
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]  # full[STAGES], empty[STAGES]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+
+        L = mQ.shape[2]
+        n_mblocks = (L + BM - 1) // BM
+        self.kernel(qk_mma, qk_rest, pv_mma, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, mBias, mTau, mLens, mLSE, mO,
+                    scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
+            grid=[n_mblocks, mQ.shape[1], mQ.shape[0]], block=[NUM_THREADS, 1, 1],
+            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ helpers
+    def _mn_view(self, acc: cute.Tensor) -> cute.Tensor:
+        """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): per thread, mode 0's
+        second sub-mode is the row (r, r + 8), the first and third the columns (c, c + 1; groups of 8)."""
+        cm = cute.make_layout(acc.layout.shape)
+        s0, d0 = cm.shape[0], cm.stride[0]
+        mn = cute.make_layout(((s0[1], cm.shape[1]), (s0[0], s0[2], cm.shape[2])),
+                              stride=((d0[1], cm.stride[1]), (d0[0], d0[2], cm.stride[2])))
+        return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+    def _quad(self, val, op):
+        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
+        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
+        return val
+
+    @cute.jit
+    def _lse_to_store(self, lse2):
+        """The natural-log LSE for a row whose log2 log-sum-exp is lse2: rounded, then one ulp lower where the
+        backward's recovery round(LSE * log2 e) would exceed lse2 (as the shipped forward stores it)."""
+        lse = lse2 * LN2
+        bits = cutlass.Int32(llvm.bitcast(cutlass.Int32.mlir_type, lse.ir_value()))
+        step = cutlass.Int32(-1) if lse > 0.0 else cutlass.Int32(1)
+        down = cutlass.Float32(llvm.bitcast(cutlass.Float32.mlir_type, (bits + step).ir_value()))
+        return down if lse * LOG2E > lse2 else lse
+
+    @cute.jit
+    def _is_free(self, m0, n0, lb, W):
+        """No entry of the tile [m0, m0 + BM) x [n0, n0 + BN) is masked or biased."""
+        inside = n0 + BN <= lb
+        below = n0 + BN - 1 <= m0 - W  # every distance m - n >= W (>= 1: every key is in the past)
+        if cutlass.const_expr(self.causal):
+            return inside and below
+        else:
+            above = n0 >= m0 + BM - 1 + W  # every distance n - m >= W
+            return inside and (below or above)
+
+    @cute.jit
+    def _scores(self, acc_mn, tScS_mn, mBias, h, W, m0, n0, lb, sc2):
+        """acc_mn (raw q.k) -> log2-domain scores with bias and masks, in place. Masked entries are set to -inf by a
+        select (never by adding -inf: a NaN product of a masked key must not reach its row, as in golden)."""
+        for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+            n = n0 + tScS_mn[0, c][1]
+            key_ok = n < lb
+            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                m = m0 + tScS_mn[r, 0][0]
+                d = m - n
+                if cutlass.const_expr(not self.causal):
+                    d = cutlass.max(d, n - m)
+                bias = cutlass.Float32(0.0)
+                if d >= 0 and d < W:
+                    bias = mBias[h, d] * LOG2E
+                val = acc_mn[r, c] * sc2 + bias
+                ok = key_ok
+                if cutlass.const_expr(self.causal):
+                    ok = key_ok and (n <= m)
+                acc_mn[r, c] = val if ok else -cutlass.Float32.inf
+
+    @cute.jit
+    def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage):
+        """acc_S = Q K(stage)^T on both consumer warpgroups; returns once the wgmma group has completed. qk_first
+        overwrites the accumulator (k-block 0), qk_rest accumulates: two MMA objects whose ACCUMULATE field is set
+        once, outside the loops (a set() inside a staged loop would escape its region)."""
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+            cute.gemm(qk_first if k == 0 else qk_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    # ------------------------------------------------------------------ kernel
+    @cute.kernel
+    def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, tma_q_t: cute.Tensor,
+               tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, tma_v: cute.CopyAtom, tma_v_t: cute.Tensor,
+               mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor,
+               scale: cutlass.Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
+        D = self.D
+        dt = self.dtype
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // WG)
+
+        L = mO.shape[2]
+        H = mO.shape[1]
+        Hkv = tma_k_t.shape[2]
+        W = mBias.shape[1]
+        hk = h // (H // Hkv)
+        n_mblocks = (L + BM - 1) // BM
+        mb = bx
+        if cutlass.const_expr(self.causal):
+            mb = n_mblocks - 1 - bx  # longest rows first
+        m0 = mb * BM
+        lb = cutlass.min(mLens[b], L)
+        key_end = lb
+        if cutlass.const_expr(self.causal):
+            key_end = cutlass.min(m0 + BM, lb)
+        n_blocks = (key_end + BN - 1) // BN  # key tiles of sweep 1 (and of sweep 2 when some row is valid)
+        n_blocks2 = n_blocks if m0 < lb else 0
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
+
+        # pipelines (every thread takes part in the mbarrier init and the CTA barrier create() ends with)
+        q_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+            tx_count=BM * D * dt.width // 8)
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrive per consumer warp
+            tx_count=BN * D * dt.width // 8)
+
+        # TMA partitions: (TMA,) for Q, (TMA, STAGES) / (TMA, key tiles) for K and V
+        gQ = cute.local_tile(tma_q_t[None, None, h, b], (BM, D), (mb, 0))
+        gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
+        gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+
+        if wg_idx == 0:
+            # ============================ producer warpgroup: warp 0 issues the TMA loads
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_pipe.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ, tQsQ[None, 0] if cutlass.const_expr(cute.rank(tQsQ) > 1) else tQsQ,
+                          tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                # sweep 1: K tiles
+                for nb in cutlass.range(n_blocks, unroll=1):
+                    kv_pipe.producer_acquire(kv_state)  # waits until the 8 consumer warps released this stage
+                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
+                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+                # sweep 2: K then V of each tile
+                for nb in cutlass.range(n_blocks2, unroll=1):
+                    kv_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
+                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+                    kv_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_v, tVgV[None, nb], tVsV[None, kv_state.index],
+                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+        else:
+            # ============================ consumer warpgroups 1, 2: 64 query rows each
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+            qk_rest.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # acc_O starts from zeros
+            ctid = tidx - WG  # 0 .. 255 over both consumer warpgroups
+            sc2 = scale * LOG2E
+
+            thr_qk = qk_mma.get_slice(ctid)
+            thr_pv = pv_mma.get_slice(ctid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, MMA_M, MMA_K) descriptors
+            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, STAGES)
+            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, MMA_N, MMA_K, STAGES)
+            acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
+            acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((BM, D)))
+            acc_O.fill(0.0)
+            # the A operand of O += A V: same registers order as acc_S (for 16-bit types the accumulator of
+            # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
+            # by k-block of 16 columns), so acc_S converts element by element
+            tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((BM, BN)), dt)
+            tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
+
+            tScS_mn = self._mn_view(thr_qk.partition_C(cute.make_identity_tensor((BM, BN))))
+            tOcO_mn = self._mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, D))))
+            acc_S_mn = self._mn_view(acc_S)
+            acc_O_mn = self._mn_view(acc_O)
+            n_rows = cute.size(acc_S_mn.shape[0])
+            n_cols = cute.size(acc_S_mn.shape[1])
+
+            row_max = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            row_sum = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+
+            # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_pipe.consumer_wait(q_state)
+            if m0 + BM > lb:
+                for i in cutlass.range(ctid, BM * D, 2 * WG, unroll=1):
+                    r = i // D
+                    if m0 + r >= lb:
+                        sQ[r, i - r * D] = dt(0.0)
+                cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
+            # ---------------- sweep 1: row log-sum-exp
+            for nb in cutlass.range(n_blocks, unroll=1):
+                n0 = nb * BN
+                kv_pipe.consumer_wait(kv_state)  # K(nb) landed
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
+                kv_pipe.consumer_release(kv_state)  # this warp's wgmma reads of the stage are complete
+                kv_state.advance()
+                if self._is_free(m0, n0, lb, W):
+                    for r in cutlass.range_constexpr(n_rows):
+                        for c in cutlass.range_constexpr(n_cols):
+                            acc_S_mn[r, c] = acc_S_mn[r, c] * sc2
+                else:
+                    self._scores(acc_S_mn, tScS_mn, mBias, h, W, m0, n0, lb, sc2)
+                for r in cutlass.range_constexpr(n_rows):
+                    row = acc_S_mn[r, None].load()
+                    mx = self._quad(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
+                    prev = row_max[r]
+                    new = cute.arch.fmax(prev, mx)
+                    safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
+                    e = cute.math.exp2(row - safe, fastmath=True)
+                    row_sum[r] = row_sum[r] * cute.math.exp2(prev - safe, fastmath=True) + e.reduce(
+                        cute.ReductionOp.ADD, cutlass.Float32(0.0), 0)
+                    row_max[r] = new
+
+            # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
+            lane = tidx % 4
+            for r in cutlass.range_constexpr(n_rows):
+                s = self._quad(row_sum[r], lambda x, y: x + y)
+                lse2[r] = row_max[r] + cute.math.log2(s, fastmath=False)
+                m = m0 + tOcO_mn[r, 0][0]
+                if lane == 0 and m < L:
+                    mLSE[b, h, m] = self._lse_to_store(lse2[r])
+                if cutlass.const_expr(self.causal):
+                    thr[r] = mTau[h] / cutlass.Float32(m + 1)
+                else:
+                    thr[r] = mTau[h] / cutlass.Float32(lb)
+
+            # ---------------- sweep 2: O = relu(P + tau / i) V
+            for nb in cutlass.range(n_blocks2, unroll=1):
+                n0 = nb * BN
+                kv_pipe.consumer_wait(kv_state)  # K(nb) landed
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+                if self._is_free(m0, n0, lb, W):
+                    for r in cutlass.range_constexpr(n_rows):
+                        row = acc_S_mn[r, None].load()
+                        x = row * sc2 - lse2[r]
+                        p = cute.math.exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
+                        a = p + thr[r]
+                        acc_S_mn[r, None] = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
+                else:
+                    self._scores(acc_S_mn, tScS_mn, mBias, h, W, m0, n0, lb, sc2)
+                    for r in cutlass.range_constexpr(n_rows):
+                        row = acc_S_mn[r, None].load()
+                        x = row - lse2[r]
+                        p = cute.math.exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
+                        a = p + thr[r]
+                        a = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
+                        acc_S_mn[r, None] = cute.where(row == -cutlass.Float32.inf, cute.full_like(a, 0.0), a)
+                tOrP_as_S.store(acc_S.load().to(dt))
+
+                kv_pipe.consumer_wait(kv_state)  # V(nb) landed
+                vstage = kv_state.index
+                if n0 + BN > lb:
+                    # keys >= lengths[b] of this tile: zero their V rows (A is 0 there, but 0 * NaN is NaN)
+                    sVs = sV[None, None, vstage]
+                    for i in cutlass.range(ctid, BN * D, 2 * WG, unroll=1):
+                        j = i // D
+                        if n0 + j >= lb:
+                            sVs[i - j * D, j] = dt(0.0)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+                    cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, vstage], acc_O)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+
+            # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored from registers
+            for r in cutlass.range_constexpr(n_rows):
+                m = m0 + tOcO_mn[r, 0][0]
+                if m >= lb:
+                    acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
+            rO = cute.make_fragment_like(acc_O, dt)
+            rO.store(acc_O.load().to(dt))
+            rO_mn = self._mn_view(rO)
+            for r in cutlass.range_constexpr(n_rows):
+                m = m0 + tOcO_mn[r, 0][0]
+                if m < L:
+                    for c in cutlass.range_constexpr(cute.size(rO_mn.shape[1])):
+                        mO[b, h, m, tOcO_mn[0, c][1]] = rO_mn[r, c]
+
+
+_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
+
+
+def fake_args(key: KernelKey):
+    """Fake tensors (B, H, Hkv, L, W runtime) and scalars in ARGS order, plus the env stream."""
+    dt = getattr(cutlass, _DTYPES[key.dtype])
+    D = key.head_dim
+    B, H, Hkv, L, W = (cute.sym_int() for _ in range(5))
+    rows = (3, 2, 1, 0)
+    q = cute.runtime.make_fake_compact_tensor(dt, (B, H, L, D), stride_order=rows, assumed_align=16)
+    k = cute.runtime.make_fake_compact_tensor(dt, (B, Hkv, L, D), stride_order=rows, assumed_align=16)
+    v = cute.runtime.make_fake_compact_tensor(dt, (B, Hkv, L, D), stride_order=rows, assumed_align=16)
+    bias = cute.runtime.make_fake_compact_tensor(cutlass.Float32, (H, W), stride_order=(1, 0), assumed_align=4)
+    tau = cute.runtime.make_fake_compact_tensor(cutlass.Float32, (H,), assumed_align=4)
+    lens = cute.runtime.make_fake_compact_tensor(cutlass.Int32, (B,), assumed_align=4)
+    lse = cute.runtime.make_fake_compact_tensor(cutlass.Float32, (B, H, L), stride_order=(2, 1, 0), assumed_align=4)
+    o = cute.runtime.make_fake_compact_tensor(dt, (B, H, L, D), stride_order=rows, assumed_align=16)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return [q, k, v, bias, tau, lens, lse, o, cutlass.Float32(1.0), stream]
+
+
+def shared_bytes(key: KernelKey) -> int:
+    """Dynamic shared memory of one CTA (SharedStorage): the Q and KV pipelines' mbarriers (8 bytes each), Q [BM, D]
+    and STAGES tiles [BN, D], each 1024-byte aligned."""
+    D, el, off = key.head_dim, 2, 0
+    stages = STAGES[D]
+    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024)):
+        off = -(-off // align) * align + size
+    return off
+
+
+def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):
+    """The compiled TVM FFI function for ``key`` (``key.kernel`` must be ``"fwd_sm90"``)."""
+    if key.kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {key.kernel!r}; this module has {KERNELS}")
+    dt = getattr(cutlass, _DTYPES[key.dtype])
+    op = LazyAttentionFwdSm90(key.head_dim, dt, key.causal)
+    return cute.compile(op, *fake_args(key), options=options)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for spec in sys.argv[1:] or ["128:bfloat16:1"]:
+        d, t, c = spec.split(":")
+        t0 = time.perf_counter()
+        compile(KernelKey("fwd_sm90", int(d), t, bool(int(c))))
+        print(spec, f"{time.perf_counter() - t0:.1f}s")
