@@ -21,10 +21,15 @@ Synchronisation (which barrier guards which buffer):
   (producer: acquire = wait empty[s] then arrive-expect-tx on full[s]); empty[s] needs one arrive from each of the 8
   consumer warps (lane 0 of each, PipelineTmaAsync.consumer_release) after the warpgroup's wgmma reading stage s
   has completed (warpgroup.wait_group(0) precedes every release).
-- Named barrier 1 (256 consumer threads): after the consumers overwrite shared memory with generic stores (rows of
-  sQ at query positions >= lengths[b]; rows of a V stage at key positions >= lengths[b]) each writer issues
-  fence.proxy.async.shared::cta and then the barrier, so the following wgmma (async proxy) sees the zeros. Both
-  consumer warpgroups write the same zeros to the same V rows (identical values, so the overlap is benign).
+- Named barrier 1 (256 consumer threads), three uses, all at CTA-uniform points:
+  (a) after the consumers overwrite shared memory with generic stores (rows of sQ at query positions >= lengths[b];
+  rows of a V stage at key positions >= lengths[b]) each writer issues fence.proxy.async.shared::cta and then the
+  barrier, so the following wgmma (async proxy) sees the zeros. Both consumer warpgroups write the same zeros to
+  the same V rows (identical values, so the overlap is benign).
+  (b) bias tables (generic proxy only): non-free tile number k (counted over both sweeps) fills table k % 2 and
+  then passes the barrier before anyone reads it; a thread starts fill k only after passing the barrier of fill
+  k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill k - 2). So one barrier per
+  non-free tile, none on free tiles.
 - wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
   instructions; commit_group + wait_group(0) before any register or buffer of that GEMM is read or released.
 
@@ -33,7 +38,9 @@ the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are ma
 -inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
 arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
 Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_is_free``); on those
-the bias is read from global memory (L1/L2 resident, [H, W] fp32).
+the consumers first fill a shared table of the tile's BM + BN - 1 diagonals (log2-domain bias, one entry per
+consumer thread) and read the bias from it per element (reading [H, W] from global memory per element instead made
+ptxas spill at D = 128: 64 loads in flight on top of the S, O and A registers).
 
 Layout (all contiguous): Q, O [B, H, L, D]; K, V [B, Hkv, L, D] fp16/bf16; Bias [H, W], Tau [H] fp32; Lens [B]
 int32; LSE [B, H, L] fp32. B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
@@ -74,6 +81,7 @@ WG = 128  # threads per warpgroup
 NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
+TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
 CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 
 
@@ -122,6 +130,7 @@ class LazyAttentionFwdSm90:
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]  # full[STAGES], empty[STAGES]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * TABLE], 16]  # bias tables, 2 buffers
 
         L = mQ.shape[2]
         n_mblocks = (L + BM - 1) // BM
@@ -167,24 +176,32 @@ class LazyAttentionFwdSm90:
             return inside and (below or above)
 
     @cute.jit
-    def _scores(self, acc_mn, tScS_mn, mBias, h, W, m0, n0, lb, sc2):
-        """acc_mn (raw q.k) -> log2-domain scores with bias and masks, in place. Masked entries are set to -inf by a
-        select (never by adding -inf: a NaN product of a masked key must not reach its row, as in golden)."""
+    def _fill_table(self, sT, ctid, m0, n0, W, mBias, h):
+        """sT[t] = log2-domain bias of the tile's diagonal t (distance m - n = m0 - n0 + t - (BN - 1)), 0 outside the
+        band (the masks are applied by :meth:`_scores`); one entry per consumer thread (BM + BN - 1 <= 256)."""
+        if ctid < BM + BN - 1:
+            d = m0 - n0 + ctid - (BN - 1)
+            a = d
+            if cutlass.const_expr(not self.causal):
+                a = cutlass.max(d, -d)
+            val = cutlass.Float32(0.0)
+            if a < W and a >= 0:
+                val = mBias[h, a] * LOG2E
+            sT[ctid] = val
+
+    @cute.jit
+    def _scores(self, acc_mn, tScS_mn, sT, m0, n0, lb, sc2):
+        """acc_mn (raw q.k) -> log2-domain scores with bias (from the table sT) and masks, in place. Masked entries
+        are set to -inf by a select (never by adding -inf: a NaN product of a masked key must not reach its row)."""
         for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-            n = n0 + tScS_mn[0, c][1]
-            key_ok = n < lb
+            j = tScS_mn[0, c][1]
+            key_ok = n0 + j < lb
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                m = m0 + tScS_mn[r, 0][0]
-                d = m - n
-                if cutlass.const_expr(not self.causal):
-                    d = cutlass.max(d, n - m)
-                bias = cutlass.Float32(0.0)
-                if d >= 0 and d < W:
-                    bias = mBias[h, d] * LOG2E
-                val = acc_mn[r, c] * sc2 + bias
+                i = tScS_mn[r, 0][0]
+                val = acc_mn[r, c] * sc2 + sT[i - j + (BN - 1)]
                 ok = key_ok
                 if cutlass.const_expr(self.causal):
-                    ok = key_ok and (n <= m)
+                    ok = key_ok and (n0 + j <= m0 + i)
                 acc_mn[r, c] = val if ok else -cutlass.Float32.inf
 
     @cute.jit
@@ -234,6 +251,7 @@ class LazyAttentionFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
+        sT = storage.sT.get_tensor(cute.make_layout((TABLE, 2)))
 
         # pipelines (every thread takes part in the mbarrier init and the CTA barrier create() ends with)
         q_pipe = pipeline.PipelineTmaAsync.create(
@@ -335,20 +353,29 @@ class LazyAttentionFwdSm90:
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
 
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            # bias tables filled so far: fill k writes buffer k % 2; a thread starts fill k only after the barrier
+            # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
+            fills = cutlass.Int32(0)
 
             # ---------------- sweep 1: row log-sum-exp
             for nb in cutlass.range(n_blocks, unroll=1):
                 n0 = nb * BN
+                free = self._is_free(m0, n0, lb, W)
+                tbl = sT[None, fills % 2]
+                if not free:
+                    self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+                    fills += 1
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
                 kv_pipe.consumer_wait(kv_state)  # K(nb) landed
                 self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
                 kv_pipe.consumer_release(kv_state)  # this warp's wgmma reads of the stage are complete
                 kv_state.advance()
-                if self._is_free(m0, n0, lb, W):
+                if free:
                     for r in cutlass.range_constexpr(n_rows):
                         for c in cutlass.range_constexpr(n_cols):
                             acc_S_mn[r, c] = acc_S_mn[r, c] * sc2
                 else:
-                    self._scores(acc_S_mn, tScS_mn, mBias, h, W, m0, n0, lb, sc2)
+                    self._scores(acc_S_mn, tScS_mn, tbl, m0, n0, lb, sc2)
                 for r in cutlass.range_constexpr(n_rows):
                     row = acc_S_mn[r, None].load()
                     mx = self._quad(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
@@ -376,11 +403,17 @@ class LazyAttentionFwdSm90:
             # ---------------- sweep 2: O = relu(P + tau / i) V
             for nb in cutlass.range(n_blocks2, unroll=1):
                 n0 = nb * BN
+                free = self._is_free(m0, n0, lb, W)
+                tbl = sT[None, fills % 2]
+                if not free:
+                    self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+                    fills += 1
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
                 kv_pipe.consumer_wait(kv_state)  # K(nb) landed
                 self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                if self._is_free(m0, n0, lb, W):
+                if free:
                     for r in cutlass.range_constexpr(n_rows):
                         row = acc_S_mn[r, None].load()
                         x = row * sc2 - lse2[r]
@@ -388,7 +421,7 @@ class LazyAttentionFwdSm90:
                         a = p + thr[r]
                         acc_S_mn[r, None] = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
                 else:
-                    self._scores(acc_S_mn, tScS_mn, mBias, h, W, m0, n0, lb, sc2)
+                    self._scores(acc_S_mn, tScS_mn, tbl, m0, n0, lb, sc2)
                     for r in cutlass.range_constexpr(n_rows):
                         row = acc_S_mn[r, None].load()
                         x = row - lse2[r]
@@ -455,10 +488,11 @@ def fake_args(key: KernelKey):
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): the Q and KV pipelines' mbarriers (8 bytes each), Q [BM, D]
-    and STAGES tiles [BN, D], each 1024-byte aligned."""
+    and STAGES tiles [BN, D] (each 1024-byte aligned), two fp32 bias tables of TABLE entries."""
     D, el, off = key.head_dim, 2, 0
     stages = STAGES[D]
-    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024)):
+    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024),
+                        (2 * TABLE * 4, 16)):
         off = -(-off // align) * align + size
     return off
 
