@@ -38,5 +38,5 @@ def extra_reasons(op: str, meta: dict) -> list[str]:
     from . import _store
 
     causal = meta.get("causal") is not False
-    reasons = [_store.why_missing(KernelKey(k, head_dim, dtype, causal)) for k in _store.KERNEL_MODULES]
+    reasons = [_store.why_missing(KernelKey(k, head_dim, dtype, causal)) for k in _store.USED_KERNELS]
     return [r for r in reasons if r]

@@ -34,6 +34,8 @@ _FWD_SM90 = ("_lazy_attention_fwd_sm90_kernel.py",)  # built and shipped in the 
 KERNEL_SOURCES = {"fwd": _FWD, "dq": _BWD, "dkdv": _BWD, "fwd_sm90": _FWD_SM90}
 KERNEL_MODULES = {"fwd": "_lazy_attention_fwd_kernel", "dq": "_lazy_attention_bwd_kernel",
                   "dkdv": "_lazy_attention_bwd_kernel", "fwd_sm90": "_lazy_attention_fwd_sm90_kernel"}
+# the kernels lazy_attention calls (a call's reasons name only these); the others are built and stored, not used yet
+USED_KERNELS = ("fwd", "dq", "dkdv")
 COMMON_SOURCES = ("_kernel_key.py",)
 BUILD_COMMAND = "python -m kernel_dispatch.backends.cute.build"
 
