@@ -4,13 +4,15 @@ resource-checked for sm_90a but NOT YET RUN ON A GPU (see docs/cute-backend.md b
 
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
 
-- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q [BM, D] once into
-  sQ (the Q pipeline, one stage), then the key tiles [BN, D] into a ring of STAGES buffers (the KV pipeline): sweep 1
+- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q once into sQ as
+  two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key tiles [BN, D] into a ring of STAGES buffers (the KV pipeline): sweep 1
   needs K(0) .. K(n-1), sweep 2 needs K(0), V(0), K(1), V(1), ... A K tile and a V tile have the same byte size, so
   they share one ring (a V stage is the same bytes seen through V's MN-major swizzled layout).
-- warpgroups 1 and 2, the consumers (setmaxnreg up to 240): one cooperative wgmma tiled MMA over both (each
-  warpgroup owns 64 of the 128 query rows), S = Q K^T with both operands in shared memory, O += A V with A from
-  registers (the fp32 S accumulator converted in place to the A-operand fragment) and V^T in shared memory.
+- warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
+  wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
+  registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
+  (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMM runs on the tensor cores
+  while the other computes its exponentials.
   sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (stored as the shipped kernel does);
   sweep 2: S again, P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation).
 
@@ -24,12 +26,22 @@ Synchronisation (which barrier guards which buffer):
 - Named barrier 1 (256 consumer threads), three uses, all at CTA-uniform points:
   (a) after the consumers overwrite shared memory with generic stores (rows of sQ at query positions >= lengths[b];
   rows of a V stage at key positions >= lengths[b]) each writer issues fence.proxy.async.shared::cta and then the
-  barrier, so the following wgmma (async proxy) sees the zeros. Both consumer warpgroups write the same zeros to
-  the same V rows (identical values, so the overlap is benign).
+  barrier, so the following wgmma (async proxy) sees the zeros. The 256 threads split the elements (each written
+  once), and the barrier also orders the zeroing before either warpgroup's GEMM on that buffer.
   (b) bias tables (generic proxy only): non-free tile number k (counted over both sweeps) fills table k % 2 and
   then passes the barrier before anyone reads it; a thread starts fill k only after passing the barrier of fill
   k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill k - 2). So one barrier per
   non-free tile, none on free tiles.
+- Named barriers 2 and 3 (ping-pong scheduler, 256 threads each): barrier 2 + w is warpgroup w's turn. A turn =
+  bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the GEMM, commit, bar.arrive(3 - w)
+  (hand the turn over), then wait_group(0). Every GEMM (the S GEMM of both sweeps, the PV GEMM) is one turn, and
+  both warpgroups take the same number of turns T (the tile counts are CTA-uniform). Warpgroup 1 arrives once on
+  barrier 2 before its first turn (warpgroup 0 goes first) and warpgroup 0 syncs once more on barrier 2 after its
+  last turn, so barrier 2 sees T + 1 syncs and T + 1 arrivals and barrier 3 T of each: nothing is left pending at
+  exit. A warpgroup cannot arrive twice on one barrier phase: between two hand-overs it must pass a sync that
+  needs the other warpgroup's hand-over, which comes after that warpgroup's sync on the phase in question. The
+  barrier-1 points (tables, zeroing) sit between turns in the same order in both warpgroups, so neither waits at
+  barrier 1 for a turn the other cannot take.
 - wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
   instructions; commit_group + wait_group(0) before any register or buffer of that GEMM is read or released.
 
@@ -74,7 +86,8 @@ ARGS = {
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-BM = 128  # query rows per CTA (two consumer warpgroups of 64)
+BM = 128  # query rows per CTA (two consumer warpgroups of WM)
+WM = 64  # query rows per consumer warpgroup
 BN = 128  # keys per tile
 STAGES = {64: 8, 128: 5}  # K/V ring depth per head dim (shared memory: Q + STAGES tiles of BN x D)
 WG = 128  # threads per warpgroup
@@ -82,7 +95,9 @@ NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
-CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
+CONSUMER_BARRIER = 1
+ORDER_BARRIER = 2  # ping-pong scheduler barriers 2 (warpgroup 0's turn) and 3 (warpgroup 1's turn)
+PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 
 
 class LazyAttentionFwdSm90:
@@ -102,16 +117,16 @@ class LazyAttentionFwdSm90:
         MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
 
         # S = Q K^T: A = Q (BM x D, K-major), B = K (BN x D, K-major); two warpgroups split M
-        qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (2, 1, 1), (64, BN))
-        qk_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (2, 1, 1), (64, BN))
+        qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
+        qk_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
         # O += A V: A from registers (BM x BN), B = V^T (D x BN, D contiguous: MN-major)
-        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (2, 1, 1), (64, D),
+        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WM, D),
                                                    warpgroup.OperandSource.RMEM)
 
         # shared memory layouts: 128-byte swizzles (D * 16 bits is a multiple of 1024 for D = 64 and 128)
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
         mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
-        sQ_layout = cute.tile_to_shape(k_atom, (BM, D), order=(0, 1))
+        sQ_layout = cute.tile_to_shape(k_atom, (WM, D, 2), order=(0, 1, 2))  # one half [WM, D] per warpgroup
         sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
         sV_layout = cute.tile_to_shape(mn_atom, (D, BN, self.stages), order=(1, 0, 2))
 
@@ -120,7 +135,7 @@ class LazyAttentionFwdSm90:
         k_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[2, 3, 1, 0]))
         v_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 2, 1, 0]))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, sQ_layout, (BM, D))
+        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, cute.slice_(sQ_layout, (None, None, 0)), (WM, D))
         tma_k, tma_k_t = cpasync.make_tiled_tma_atom(g2s, k_t, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
         tma_v, tma_v_t = cpasync.make_tiled_tma_atom(g2s, v_t, cute.slice_(sV_layout, (None, None, 0)), (D, BN))
 
@@ -205,14 +220,31 @@ class LazyAttentionFwdSm90:
                 acc_mn[r, c] = val if ok else -cutlass.Float32.inf
 
     @cute.jit
-    def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage):
-        """acc_S = Q K(stage)^T on both consumer warpgroups; returns once the wgmma group has completed. qk_first
+    def _turn_wait(self, wg):
+        """Ping-pong: wait until it is this warpgroup's turn to issue wgmma (bar.sync on its own scheduler barrier,
+        256 = its 128 threads + the other warpgroup's 128 arrivals)."""
+        if cutlass.const_expr(PINGPONG):
+            cute.arch.barrier(barrier_id=ORDER_BARRIER + wg, number_of_threads=2 * WG)
+
+    @cute.jit
+    def _turn_pass(self, wg):
+        """Ping-pong: hand the turn to the other warpgroup (bar.arrive on its scheduler barrier)."""
+        if cutlass.const_expr(PINGPONG):
+            cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
+
+    @cute.jit
+    def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage, wg):
+        """acc_S = Q_wg K(stage)^T on this warpgroup; returns once the wgmma group has completed. qk_first
         overwrites the accumulator (k-block 0), qk_rest accumulates: two MMA objects whose ACCUMULATE field is set
-        once, outside the loops (a set() inside a staged loop would escape its region)."""
+        once, outside the loops (a set() inside a staged loop would escape its region). The issue is one ping-pong
+        turn: the other warpgroup issues its next GEMM while this one runs, then does its exponentials while ours
+        runs."""
         warpgroup.fence()
+        self._turn_wait(wg)
         for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
             cute.gemm(qk_first if k == 0 else qk_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
         warpgroup.commit_group()
+        self._turn_pass(wg)
         warpgroup.wait_group(0)
 
     # ------------------------------------------------------------------ kernel
@@ -266,7 +298,7 @@ class LazyAttentionFwdSm90:
             tx_count=BN * D * dt.width // 8)
 
         # TMA partitions: (TMA,) for Q, (TMA, STAGES) / (TMA, key tiles) for K and V
-        gQ = cute.local_tile(tma_q_t[None, None, h, b], (BM, D), (mb, 0))
+        gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query halves)
         gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
         gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
@@ -285,8 +317,9 @@ class LazyAttentionFwdSm90:
                 cpasync.prefetch_descriptor(tma_v)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 q_pipe.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ, tQsQ[None, 0] if cutlass.const_expr(cute.rank(tQsQ) > 1) else tQsQ,
-                          tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                for half in cutlass.range_constexpr(2):  # both halves complete the one Q barrier (tx = BM * D)
+                    cute.copy(tma_q, tQgQ[None, 2 * mb + half], tQsQ[None, half],
+                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 # sweep 1: K tiles
                 for nb in cutlass.range(n_blocks, unroll=1):
@@ -311,24 +344,29 @@ class LazyAttentionFwdSm90:
             qk_rest.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # acc_O starts from zeros
             ctid = tidx - WG  # 0 .. 255 over both consumer warpgroups
+            wg = wg_idx - 1  # 0 or 1: this warpgroup's query half and ping-pong slot
+            wtid = tidx % WG
             sc2 = scale * LOG2E
 
-            thr_qk = qk_mma.get_slice(ctid)
-            thr_pv = pv_mma.get_slice(ctid)
-            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, MMA_M, MMA_K) descriptors
+            thr_qk = qk_mma.get_slice(wtid)
+            thr_pv = pv_mma.get_slice(wtid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, wg]))  # (MMA, MMA_M, MMA_K)
             tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, STAGES)
             tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, MMA_N, MMA_K, STAGES)
-            acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BM, BN)))
-            acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((BM, D)))
+            acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
+            acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WM, D)))
             acc_O.fill(0.0)
             # the A operand of O += A V: same registers order as acc_S (for 16-bit types the accumulator of
             # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
             # by k-block of 16 columns), so acc_S converts element by element
-            tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((BM, BN)), dt)
+            tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((WM, BN)), dt)
             tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
 
-            tScS_mn = self._mn_view(thr_qk.partition_C(cute.make_identity_tensor((BM, BN))))
-            tOcO_mn = self._mn_view(thr_pv.partition_C(cute.make_identity_tensor((BM, D))))
+            # coordinates within the CTA's [BM, BN] / [BM, D] tiles (this warpgroup's rows: WM * wg + 0 .. WM - 1)
+            cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
+            cO = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
+            tScS_mn = self._mn_view(thr_qk.partition_C(cS))
+            tOcO_mn = self._mn_view(thr_pv.partition_C(cO))
             acc_S_mn = self._mn_view(acc_S)
             acc_O_mn = self._mn_view(acc_O)
             n_rows = cute.size(acc_S_mn.shape[0])
@@ -344,11 +382,11 @@ class LazyAttentionFwdSm90:
             # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_pipe.consumer_wait(q_state)
-            if m0 + BM > lb:
+            if m0 + BM > lb and lb < L:  # (rows >= L arrive as zeros: TMA's out-of-bounds fill)
                 for i in cutlass.range(ctid, BM * D, 2 * WG, unroll=1):
                     r = i // D
                     if m0 + r >= lb:
-                        sQ[r, i - r * D] = dt(0.0)
+                        sQ[r % WM, i - r * D, r // WM] = dt(0.0)
                 cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
 
@@ -356,6 +394,9 @@ class LazyAttentionFwdSm90:
             # bias tables filled so far: fill k writes buffer k % 2; a thread starts fill k only after the barrier
             # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
             fills = cutlass.Int32(0)
+            if cutlass.const_expr(PINGPONG):
+                if wg == 1:  # warpgroup 0 takes the first turn
+                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
 
             # ---------------- sweep 1: row log-sum-exp
             for nb in cutlass.range(n_blocks, unroll=1):
@@ -367,7 +408,7 @@ class LazyAttentionFwdSm90:
                     fills += 1
                     cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
                 kv_pipe.consumer_wait(kv_state)  # K(nb) landed
-                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
                 kv_pipe.consumer_release(kv_state)  # this warp's wgmma reads of the stage are complete
                 kv_state.advance()
                 if free:
@@ -410,7 +451,7 @@ class LazyAttentionFwdSm90:
                     fills += 1
                     cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
                 kv_pipe.consumer_wait(kv_state)  # K(nb) landed
-                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
                 if free:
@@ -433,7 +474,7 @@ class LazyAttentionFwdSm90:
 
                 kv_pipe.consumer_wait(kv_state)  # V(nb) landed
                 vstage = kv_state.index
-                if n0 + BN > lb:
+                if n0 + BN > lb and lb < L:
                     # keys >= lengths[b] of this tile: zero their V rows (A is 0 there, but 0 * NaN is NaN)
                     sVs = sV[None, None, vstage]
                     for i in cutlass.range(ctid, BN * D, 2 * WG, unroll=1):
@@ -443,12 +484,18 @@ class LazyAttentionFwdSm90:
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
                 warpgroup.fence()
+                self._turn_wait(wg)  # the PV GEMM is a ping-pong turn too (both warpgroups take the same turns)
                 for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
                     cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, vstage], acc_O)
                 warpgroup.commit_group()
+                self._turn_pass(wg)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
+
+            if cutlass.const_expr(PINGPONG):
+                if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
+                    cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
 
             # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored from registers
             for r in cutlass.range_constexpr(n_rows):
