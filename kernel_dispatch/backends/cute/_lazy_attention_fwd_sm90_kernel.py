@@ -97,6 +97,7 @@ CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
 CONSUMER_BARRIER = 1
 ORDER_BARRIER = 2  # ping-pong scheduler barriers 2 (warpgroup 0's turn) and 3 (warpgroup 1's turn)
+PRINT_SHAPES = False  # print the partition shapes at compile time (debugging)
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 
 
@@ -308,6 +309,11 @@ class LazyAttentionFwdSm90:
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
 
+        if cutlass.const_expr(PRINT_SHAPES):
+            print("sQ", sQ.layout, "sK", sK.layout, "sV", sV.layout)
+            print("gQ", gQ.shape, "gK", gK.shape, "gV", gV.shape)
+            print("tQsQ", tQsQ.shape, "tQgQ", tQgQ.shape, "tKsK", tKsK.shape, "tKgK", tKgK.shape, "tVsV", tVsV.shape,
+                  "tVgV", tVgV.shape)
         if wg_idx == 0:
             # ============================ producer warpgroup: warp 0 issues the TMA loads
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
@@ -366,6 +372,8 @@ class LazyAttentionFwdSm90:
             cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
             cO = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
             tScS_mn = self._mn_view(thr_qk.partition_C(cS))
+            if cutlass.const_expr(PRINT_SHAPES):
+                print("tSrQ", tSrQ.shape, "tSrK", tSrK.shape, "tOrV", tOrV.shape, "tOrP", tOrP.shape, "acc_O", acc_O.shape)
             tOcO_mn = self._mn_view(thr_pv.partition_C(cO))
             acc_S_mn = self._mn_view(acc_S)
             acc_O_mn = self._mn_view(acc_O)
