@@ -42,6 +42,9 @@ Synchronisation (which barrier guards which buffer):
   needs the other warpgroup's hand-over, which comes after that warpgroup's sync on the phase in question. The
   barrier-1 points (tables, zeroing) sit between turns in the same order in both warpgroups, so neither waits at
   barrier 1 for a turn the other cannot take.
+- Named barriers 4 and 5 (epilogue, 128 threads: warpgroup w uses 4 + w): O goes registers -> the warpgroup's own
+  half of sQ (free once its last wgmma completed; the other warpgroup never reads it) -> barrier -> 16-byte copies
+  to global memory for rows < L (SMEM_EPILOGUE; False stores element by element from registers).
 - wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
   instructions; commit_group + wait_group(0) before any register or buffer of that GEMM is read or released.
 
@@ -97,6 +100,8 @@ CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
 CONSUMER_BARRIER = 1
 ORDER_BARRIER = 2  # ping-pong scheduler barriers 2 (warpgroup 0's turn) and 3 (warpgroup 1's turn)
+EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 threads), epilogue staging
+SMEM_EPILOGUE = True  # O through shared memory with 16-byte global stores (False: element stores from registers)
 PRINT_SHAPES = False  # print the partition shapes at compile time (debugging)
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 
@@ -505,19 +510,47 @@ class LazyAttentionFwdSm90:
                 if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
                     cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
 
-            # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored from registers
+            # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored
             for r in cutlass.range_constexpr(n_rows):
                 m = m0 + tOcO_mn[r, 0][0]
                 if m >= lb:
                     acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
             rO = cute.make_fragment_like(acc_O, dt)
             rO.store(acc_O.load().to(dt))
-            rO_mn = self._mn_view(rO)
-            for r in cutlass.range_constexpr(n_rows):
-                m = m0 + tOcO_mn[r, 0][0]
-                if m < L:
-                    for c in cutlass.range_constexpr(cute.size(rO_mn.shape[1])):
-                        mO[b, h, m, tOcO_mn[0, c][1]] = rO_mn[r, c]
+            if cutlass.const_expr(SMEM_EPILOGUE):
+                # staged through this warpgroup's own half of sQ: its last wgmma reading it completed above
+                # (wait_group(0)) and the other warpgroup never reads it; named barrier 4 + wg (this warpgroup's
+                # 128 threads) orders the register -> shared stores before the 16-byte shared -> global copies
+                sO = sQ[None, None, wg]
+                s_copy_O = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt), pv_mma)
+                thr_sO = s_copy_O.get_slice(wtid)
+                cute.copy(s_copy_O, thr_sO.retile(rO), thr_sO.partition_D(sO))
+                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=WG)
+                elems = 128 // dt.width
+                cols = 64 // elems  # threads along a 64-column swizzle atom row
+                atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+                gcopy_out = cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // cols, cols), stride=(cols, 1)),
+                                                    cute.make_layout((1, elems)))
+                thr_out = gcopy_out.get_slice(wtid)
+                gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
+                tOsO = thr_out.partition_S(sO)
+                tOgO = thr_out.partition_D(gO)
+                tOc = thr_out.partition_D(cute.make_identity_tensor((WM, D)))
+                tOrO = cute.make_fragment_like(tOgO, dt)
+                cute.copy(gcopy_out, tOsO, tOrO)
+                m_half = m0 + WM * wg
+                if cutlass.const_expr(PRINT_SHAPES):
+                    print("tOsO", tOsO.shape, "tOgO", tOgO.shape, "tOc", tOc.shape, "sO", sO.layout)
+                for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+                    if m_half + tOc[0, r, 0][0] < L:
+                        cute.copy(gcopy_out, tOrO[None, r, None], tOgO[None, r, None])
+            else:
+                rO_mn = self._mn_view(rO)
+                for r in cutlass.range_constexpr(n_rows):
+                    m = m0 + tOcO_mn[r, 0][0]
+                    if m < L:
+                        for c in cutlass.range_constexpr(cute.size(rO_mn.shape[1])):
+                            mO[b, h, m, tOcO_mn[0, c][1]] = rO_mn[r, c]
 
 
 _DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
