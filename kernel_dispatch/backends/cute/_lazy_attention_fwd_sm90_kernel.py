@@ -5,9 +5,10 @@ resource-checked for sm_90a but NOT YET RUN ON A GPU (see docs/cute-backend.md b
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q once into sQ as
-  two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key tiles [BN, D] into a ring of STAGES buffers (the KV pipeline): sweep 1
-  needs K(0) .. K(n-1), sweep 2 needs K(0), V(0), K(1), V(1), ... A K tile and a V tile have the same byte size, so
-  they share one ring (a V stage is the same bytes seen through V's MN-major swizzled layout).
+  two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key tiles
+  [BN, D] into a ring of STAGES buffers (the KV pipeline): sweep 1 needs K(0) .. K(n-1), sweep 2 needs K(0), V(0),
+  K(1), V(1), ... A K tile and a V tile have the same byte size, so they share one ring (a V stage is the same bytes
+  seen through V's MN-major swizzled layout).
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
   wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
@@ -98,12 +99,12 @@ NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
-CONSUMER_BARRIER = 1
+CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 ORDER_BARRIER = 2  # ping-pong scheduler barriers 2 (warpgroup 0's turn) and 3 (warpgroup 1's turn)
 EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 threads), epilogue staging
 SMEM_EPILOGUE = True  # O through shared memory with 16-byte global stores (False: element stores from registers)
 PRINT_SHAPES = False  # print the partition shapes at compile time (debugging)
-PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma  # named barrier id of the 256 consumer threads (0 is __syncthreads)
+PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
 
 
 class LazyAttentionFwdSm90:
@@ -122,10 +123,10 @@ class LazyAttentionFwdSm90:
         K_MAJOR = cute.nvgpu.OperandMajorMode.K
         MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
 
-        # S = Q K^T: A = Q (BM x D, K-major), B = K (BN x D, K-major); two warpgroups split M
+        # S = Q K^T per consumer warpgroup: A = its Q half (WM x D, K-major), B = K (BN x D, K-major)
         qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
         qk_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
-        # O += A V: A from registers (BM x BN), B = V^T (D x BN, D contiguous: MN-major)
+        # O += A V: A from registers (WM x BN per warpgroup), B = V^T (D x BN, D contiguous: MN-major)
         pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WM, D),
                                                    warpgroup.OperandSource.RMEM)
 
@@ -155,8 +156,8 @@ class LazyAttentionFwdSm90:
 
         L = mQ.shape[2]
         n_mblocks = (L + BM - 1) // BM
-        self.kernel(qk_mma, qk_rest, pv_mma, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, mBias, mTau, mLens, mLSE, mO,
-                    scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
+        self.kernel(qk_mma, qk_rest, pv_mma, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, mBias, mTau, mLens, mLSE,
+                    mO, scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
             grid=[n_mblocks, mQ.shape[1], mQ.shape[0]], block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
@@ -255,7 +256,8 @@ class LazyAttentionFwdSm90:
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
-    def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, tma_q_t: cute.Tensor,
+    def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom,
+               tma_q_t: cute.Tensor,
                tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, tma_v: cute.CopyAtom, tma_v_t: cute.Tensor,
                mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor,
                scale: cutlass.Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
@@ -378,7 +380,8 @@ class LazyAttentionFwdSm90:
             cO = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
             tScS_mn = self._mn_view(thr_qk.partition_C(cS))
             if cutlass.const_expr(PRINT_SHAPES):
-                print("tSrQ", tSrQ.shape, "tSrK", tSrK.shape, "tOrV", tOrV.shape, "tOrP", tOrP.shape, "acc_O", acc_O.shape)
+                print("tSrQ", tSrQ.shape, "tSrK", tSrK.shape, "tOrV", tOrV.shape, "tOrP", tOrP.shape,
+                      "acc_O", acc_O.shape)
             tOcO_mn = self._mn_view(thr_pv.partition_C(cO))
             acc_S_mn = self._mn_view(acc_S)
             acc_O_mn = self._mn_view(acc_O)
