@@ -34,7 +34,7 @@ _FWD, _BWD = ("_lazy_attention_fwd_kernel.py",), ("_lazy_attention_bwd_kernel.py
 KERNEL_SOURCES = {"fwd": _FWD, "dq": _BWD, "dkdv": _BWD}
 KERNEL_MODULES = {"fwd": "_lazy_attention_fwd_kernel", "dq": "_lazy_attention_bwd_kernel",
                   "dkdv": "_lazy_attention_bwd_kernel"}
-COMMON_SOURCES = ("_kernel_key.py",)
+COMMON_SOURCES = ("_kernel_key.py", "_tiles.py")
 BUILD_COMMAND = "python -m kernel_dispatch.backends.cute.build"
 
 
