@@ -18,7 +18,7 @@ from kernel_dispatch.cuda_graphs import capture
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = ("triton", "tilelang")
+BACKENDS = ("triton", "tilelang", "cute")
 
 
 def _skip_unless_runs(op: str, backend: str, meta: dict) -> None:

@@ -56,6 +56,8 @@ def test_a_missing_kernel_without_the_dsl_names_it_and_the_build_command(monkeyp
     assert "python -m kernel_dispatch.backends.cute.build" in reason
     monkeypatch.setattr(_store, "dsl_installed", lambda: True)
     assert _store.why_missing(KEY) is None  # compiled at first use instead
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc to link the compiled object
+    assert "gcc is not on PATH" in _store.why_missing(KEY)
 
 
 def test_a_stored_kernel_is_used_only_when_built_from_these_sources(monkeypatch, tmp_path):

@@ -73,7 +73,7 @@ POISON = {
 
 @pytest.mark.parametrize("backend", ATTN_BACKENDS)
 @pytest.mark.parametrize("case", list(POISON))
-def test_attention_nonfinite_score_poisons_exactly_its_rows(case, backend):
+def test_lazy_attention_nonfinite_score_poisons_exactly_its_rows(case, backend):
     name, index, value, expected = POISON[case]
     t, lengths, _ = _attn_inputs()
     t[name][index] = value
@@ -84,7 +84,7 @@ def test_attention_nonfinite_score_poisons_exactly_its_rows(case, backend):
 
 
 @pytest.mark.parametrize("backend", ATTN_BACKENDS)
-def test_attention_minus_inf_bias_masks_its_distance(backend):
+def test_lazy_attention_minus_inf_bias_masks_its_distance(backend):
     """-inf at distance 2 removes those keys: every row stays finite and equals golden float64 with the key masked."""
     t, lengths, _ = _attn_inputs()
     t["bias"][0, 2] = -INF
@@ -95,7 +95,7 @@ def test_attention_minus_inf_bias_masks_its_distance(backend):
 
 
 @pytest.mark.parametrize("backend", ATTN_BACKENDS)
-def test_attention_nonfinite_value_reaches_the_rows_that_see_it(backend):
+def test_lazy_attention_nonfinite_value_reaches_the_rows_that_see_it(backend):
     t, lengths, _ = _attn_inputs()
     t["v"][0, 0, 4, 1] = NAN
     o, _ = _attn(t, lengths, backend)
@@ -105,7 +105,7 @@ def test_attention_nonfinite_value_reaches_the_rows_that_see_it(backend):
 
 
 @pytest.mark.parametrize("backend", ATTN_BACKENDS)
-def test_attention_padding_reaches_nothing(backend):
+def test_lazy_attention_padding_reaches_nothing(backend):
     """NaN in every padded position of q, k, v and dO: outputs and gradients equal those of finite padding, padded rows
     and their gradients exactly zero."""
     t, lengths, do = _attn_inputs()
@@ -129,7 +129,7 @@ LOG2_LIMIT = 3.4028234663852886e38 / 1.4426950408889634  # 2.36e38
 
 @pytest.mark.parametrize("backend", ATTN_BACKENDS)
 @pytest.mark.parametrize("size", [1e30, 2e38, 3e38])
-def test_attention_huge_finite_biases(size, backend):
+def test_lazy_attention_huge_finite_biases(size, backend):
     """Biases up to the edge of fp32 (one dominant key per row at +size, a key that vanishes at -size) are finite
     scores: output and gradients are finite and match golden float64. Past the log2-domain limit a kernel backend's
     rows that see the huge score are NaN (loud, the documented limit), and the other head still matches."""

@@ -31,6 +31,7 @@ import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ._kernel_key import KernelKey
+from ._tiles import mn_view, one_key_row, quad_reduce
 
 KERNELS = ("dq", "dkdv")
 ARGS = {
@@ -42,6 +43,11 @@ ARGS = {
              "dv out [B,Hkv,LP,D]", "partial out fp32 [B,H,LP/64,2*min(W,L)-1] (zeroed)", "L int",
              "scale float"],
 }
+
+
+def _add(x, y):
+    return x + y
+
 
 BM = 64  # query rows of a tile
 BN = 64  # keys of a tile
@@ -74,26 +80,12 @@ def _smem_layout(rows, D, stages=0):
     return cute.tile_to_shape(atom, (rows, D), (0, 1))
 
 
-def _mn_view(acc):
-    """The accumulator (MMA frag, MMA_M, MMA_N) as a (rows, cols) tensor."""
-    lc = cute.make_layout(acc.layout.shape)
-    lmn = cute.make_layout(((lc.shape[0][1], lc.shape[1]), (lc.shape[0][0], lc.shape[2])),
-                           stride=((lc.stride[0][1], lc.stride[1]), (lc.stride[0][0], lc.stride[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, lmn))
-
-
 def _a_view(rP):
     """An accumulator-shaped fragment (4, MMA_M, MMA_N) as an A operand ((4, 2), MMA_M, MMA_N / 2)."""
     d = cute.logical_divide(rP.layout, (None, None, 2))
     lay = cute.make_layout(((d.shape[0], d.shape[2][0]), d.shape[1], d.shape[2][1]),
                            stride=((d.stride[0], d.stride[2][0]), d.stride[1], d.stride[2][1]))
     return cute.make_tensor(rP.iterator, lay)
-
-
-def _quad_sum(x):
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31)
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31)
-    return x
 
 
 class _Common:
@@ -179,14 +171,15 @@ def _bias_table(sTab: cute.Tensor, tidx: cutlass.Int32, mBias: cute.Tensor, h: c
 
 
 @cute.jit
-def _one_key_row(m: cutlass.Int32, lb: cutlass.Int32, causal: cutlass.Constexpr):
-    """Whether query row m sees exactly one key (i = 1: causal row 0, or lengths[b] == 1). Its P is exactly 1, but
-    the score recomputed against the stored LSE can land an ulp above; at tau = -1 that row sits on the relu kink
-    P + tau/i = 0, so the kernels set P = 1 there (a spurious Mk and dtau term otherwise)."""
-    one = lb == 1
-    if cutlass.const_expr(causal):
-        one = m == 0 or lb == 1
-    return one
+def _free_tile(m0: cutlass.Int32, n0: cutlass.Int32, lb: cutlass.Int32, W: cutlass.Int32, causal: cutlass.Constexpr):
+    """Every query row and key of the BM x BN tile at (m0, n0) is below lengths[b] (``lb``) and no entry is masked or
+    biased: the backward's mask-free path. (The forward's rule, for keys alone, is ``_tiles.keys_free``; written
+    this way the backward's machine code is the one checked on the GPU.)"""
+    dlo = m0 - n0 - (BN - 1)
+    free = m0 + BM <= lb and n0 + BN <= lb and dlo >= W
+    if cutlass.const_expr(not causal):
+        free = m0 + BM <= lb and n0 + BN <= lb and (dlo >= W or dlo + (BM + BN - 2) <= -W)
+    return free
 
 
 def _build_dq(D, dtype, causal):
@@ -232,7 +225,7 @@ def _build_dq(D, dtype, causal):
         acc_dq = cute.make_rmem_tensor(thr.partition_shape_C((BM, D)), cutlass.Float32)
         acc_dq.fill(0.0)
         cS = thr.partition_C(cute.make_identity_tensor((BM, BN)))
-        cS_mn = _mn_view(cS)
+        cS_mn = mn_view(cS)
         nrows = cute.size(cS_mn, mode=[0])
         ncols = cute.size(cS_mn, mode=[1])
 
@@ -285,13 +278,10 @@ def _build_dq(D, dtype, causal):
                 acc_da = cute.make_rmem_tensor(acc_shape_s, cutlass.Float32)
                 _gemm_ss(c.mma, tidx, c.ld_a, c.ld_a, sQ, sK, acc_s)
                 _gemm_ss(c.mma, tidx, c.ld_a, c.ld_a, sdO, sV, acc_da)
-                s_mn = _mn_view(acc_s)
-                da_mn = _mn_view(acc_da)
+                s_mn = mn_view(acc_s)
+                da_mn = mn_view(acc_da)
                 # a free tile: every row and key valid, every key visible, no bias: nothing to mask
-                dlo = m0 - n0 - (BN - 1)
-                free = m0 + BM <= lb and n0 + BN <= lb and dlo >= W
-                if cutlass.const_expr(not causal):
-                    free = m0 + BM <= lb and n0 + BN <= lb and (dlo >= W or dlo + (BM + BN - 2) <= -W)
+                free = _free_tile(m0, n0, lb, W, causal)
                 if free:
                     for r in cutlass.range_constexpr(nrows):
                         rs = cutlass.Float32(0.0)
@@ -312,7 +302,7 @@ def _build_dq(D, dtype, causal):
                         mr = cS_mn[r, 0][0]
                         m = m0 + mr
                         row_ok = m < lb
-                        one = _one_key_row(m, lb, causal)
+                        one = one_key_row(m, lb, causal)
                         rs = cutlass.Float32(0.0)
                         ds_ = cutlass.Float32(0.0)
                         for cc in cutlass.range_constexpr(ncols):
@@ -341,8 +331,8 @@ def _build_dq(D, dtype, causal):
                     _gemm_rs(c.mma, tidx, c.ld_bt, _a_view(rP), sKt, acc_dq)
             if cutlass.const_expr(sweep == 0):
                 for r in cutlass.range_constexpr(nrows):
-                    r_acc[r] = _quad_sum(r_acc[r])
-                    d_acc[r] = _quad_sum(d_acc[r])
+                    r_acc[r] = quad_reduce(r_acc[r], _add)
+                    d_acc[r] = quad_reduce(d_acc[r], _add)
 
         # row outputs (one lane of each quad)
         if tidx % 4 == 0:
@@ -414,7 +404,7 @@ def _build_dkdv(D, dtype, causal):
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
         cS = thr.partition_C(cute.make_identity_tensor((BN, BM)))
-        cS_mn = _mn_view(cS)
+        cS_mn = mn_view(cS)
         nrows = cute.size(cS_mn, mode=[0])
         ncols = cute.size(cS_mn, mode=[1])
 
@@ -481,13 +471,10 @@ def _build_dkdv(D, dtype, causal):
             acc_da = cute.make_rmem_tensor(acc_shape_s, cutlass.Float32)
             _gemm_ss(c.mma, tidx, c.ld_a, c.ld_a, sK, sQ, acc_s)
             _gemm_ss(c.mma, tidx, c.ld_a, c.ld_a, sV, sdO, acc_da)
-            s_mn = _mn_view(acc_s)
-            da_mn = _mn_view(acc_da)
+            s_mn = mn_view(acc_s)
+            da_mn = mn_view(acc_da)
             # a free tile: every query and key valid, every key visible, no bias: nothing to mask
-            dlo = m0 - n0 - (BN - 1)
-            free = m0 + BM <= lb and n0 + BN <= lb and dlo >= W
-            if cutlass.const_expr(not causal):
-                free = m0 + BM <= lb and n0 + BN <= lb and (dlo >= W or dlo + (BM + BN - 2) <= -W)
+            free = _free_tile(m0, n0, lb, W, causal)
             # column-major walk: each query column's LSE, tau/i and Delta are read once and die after its rows
             if free:
                 for cc in cutlass.range_constexpr(ncols):
@@ -507,7 +494,7 @@ def _build_dkdv(D, dtype, causal):
                 for cc in cutlass.range_constexpr(ncols):
                     jc = cS_mn[0, cc][1]
                     m = m0 + jc
-                    one = _one_key_row(m, lb, causal)
+                    one = one_key_row(m, lb, causal)
                     lse_j = sLse[jc]
                     thr_j = sThr[jc]
                     del_j = sDel[jc]

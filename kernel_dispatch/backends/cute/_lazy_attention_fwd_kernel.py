@@ -27,6 +27,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ._kernel_key import KernelKey
+from ._tiles import keys_free, mn_view, quad_reduce
 
 KERNELS = ("fwd",)
 ARGS = {
@@ -104,18 +105,6 @@ class LazyAttentionFwd:
                                                      block=[self.threads, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------ helpers
-    def _mn_view(self, acc: cute.Tensor) -> cute.Tensor:
-        """An mma accumulator fragment ((2, 2), MMA_M, MMA_N) viewed as (rows, cols)."""
-        cm = cute.make_layout(acc.layout.shape)
-        mn = cute.make_layout(((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[2])),
-                              stride=((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[2])))
-        return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-    def _quad(self, val, op):
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
-        return val
-
     @cute.jit
     def _load_rows(self, gcopy, tg, ts, tc, row0, limit):
         """cp.async rows of one tile whose row (row0 + local) < limit; zero-fill the others."""
@@ -147,18 +136,6 @@ class LazyAttentionFwd:
         step = cutlass.Int32(-1) if lse > 0.0 else cutlass.Int32(1)
         down = cutlass.Float32(llvm.bitcast(cutlass.Float32.mlir_type, (bits + step).ir_value()))
         return down if lse * LOG2E > lse2 else lse
-
-    @cute.jit
-    def _is_free(self, m0, n0, lb, W):
-        """No entry of the tile [m0, m0 + BM) x [n0, n0 + BN) is masked or biased."""
-        BM, BN = self.BM, self.BN
-        inside = n0 + BN <= lb
-        below = n0 + BN - 1 <= m0 - W  # every distance m - n >= W (>= 1: every key is in the past)
-        if cutlass.const_expr(self.causal):
-            return inside and below
-        else:
-            above = n0 >= m0 + BM - 1 + W  # every distance n - m >= W
-            return inside and (below or above)
 
     @cute.jit
     def _fill_table(self, sT, tidx, m0, n0, W, mBias, h):
@@ -269,10 +246,10 @@ class LazyAttentionFwd:
         tOsVt = thr_sV.partition_S(sVt)
         tOrVt_v = thr_sV.retile(tOrVt)
 
-        tScS_mn = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, BN))))
-        acc_S_mn = self._mn_view(acc_S)
-        acc_O_mn = self._mn_view(acc_O)
-        tOcO_mn = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, D))))
+        tScS_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, BN))))
+        acc_S_mn = mn_view(acc_S)
+        acc_O_mn = mn_view(acc_O)
+        tOcO_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, D))))
         n_rows = cute.size(acc_S_mn.shape[0])
 
         row_max = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
@@ -298,7 +275,7 @@ class LazyAttentionFwd:
                 self._load_rows(gcopy_in, tKgK[None, None, None, nb + 1], tKsK[None, None, None, 1 - stage], tKc,
                                 n0 + BN, lb)
             cute.arch.cp_async_commit_group()
-            free = self._is_free(m0, n0, lb, W)
+            free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
             if not free:
                 self._fill_table(sT, tidx, m0, n0, W, mBias, h)
             self._gemm_s(tiled_mma, acc_S, s_copy_Q, tSsQ, tSrQ_v, tSrQ, s_copy_K, tSsK[None, None, None, stage],
@@ -317,7 +294,7 @@ class LazyAttentionFwd:
                 self._scores(acc_S_mn, tScS_mn, sT, m0, n0, lb, sc2)
             for r in cutlass.range_constexpr(n_rows):
                 row = acc_S_mn[r, None].load()
-                mx = self._quad(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax) * mul
+                mx = quad_reduce(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax) * mul
                 prev = row_max[r]
                 new = cute.arch.fmax(prev, mx)
                 safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
@@ -329,7 +306,7 @@ class LazyAttentionFwd:
         # ---------------- LSE: finish the rows, store (natural log)
         lane = tidx % 4
         for r in cutlass.range_constexpr(n_rows):
-            s = self._quad(row_sum[r], lambda x, y: x + y)
+            s = quad_reduce(row_sum[r], lambda x, y: x + y)
             lse2[r] = row_max[r] + cute.math.log2(s, fastmath=False)
             m = m0 + tOcO_mn[r, 0][0]
             if lane == 0 and m < L:
@@ -358,7 +335,7 @@ class LazyAttentionFwd:
                 self._load_rows(gcopy_in, tVgV[None, None, None, nb + 1], tVsV[None, None, None, 1 - stage], tKc,
                                 n0 + BN, lb)
             cute.arch.cp_async_commit_group()
-            free = self._is_free(m0, n0, lb, W)
+            free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
             if not free:
                 self._fill_table(sT, tidx, m0, n0, W, mBias, h)
             self._gemm_s(tiled_mma, acc_S, s_copy_Q, tSsQ, tSrQ_v, tSrQ, s_copy_K, tSsK[None, None, None, stage],

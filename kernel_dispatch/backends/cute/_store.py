@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -36,7 +37,7 @@ KERNEL_MODULES = {"fwd": "_lazy_attention_fwd_kernel", "dq": "_lazy_attention_bw
                   "dkdv": "_lazy_attention_bwd_kernel", "fwd_sm90": "_lazy_attention_fwd_sm90_kernel"}
 # the kernels lazy_attention calls (a call's reasons name only these); the others are built and stored, not used yet
 USED_KERNELS = ("fwd", "dq", "dkdv")
-COMMON_SOURCES = ("_kernel_key.py",)
+COMMON_SOURCES = ("_kernel_key.py", "_tiles.py")
 BUILD_COMMAND = "python -m kernel_dispatch.backends.cute.build"
 
 
@@ -84,14 +85,17 @@ def stored(key: KernelKey, directory: Path | None = None) -> dict | None:
 
 def why_missing(key: KernelKey) -> str | None:
     """Why ``key`` cannot be run on this machine (not stored and no DSL to compile it), or None."""
-    if stored(key) is not None or dsl_installed():
+    if stored(key) is not None:
+        return None
+    can_build = dsl_installed()
+    if can_build and shutil.which("gcc") is not None:
         return None
     d = store_dir()
     stale = (d / f"{key.name}.so").exists()
     what = "built from other sources (stale)" if stale else "not built"
-    return (f"kernel {key.name} {what} in {d} and the CuTe DSL is not installed to compile it (build it where the "
-            f"DSL is: pip install 'kernel-dispatch[cute]'; {BUILD_COMMAND} --out DIR; then "
-            f"KERNEL_DISPATCH_CUTE_KERNELS=DIR)")
+    missing = "gcc is not on PATH to link it" if can_build else "the CuTe DSL is not installed to compile it"
+    return (f"kernel {key.name} {what} in {d} and {missing} (build it where the DSL is: pip install "
+            f"'kernel-dispatch[cute]'; {BUILD_COMMAND} --out DIR; then KERNEL_DISPATCH_CUTE_KERNELS=DIR)")
 
 
 def runtime_library() -> Path | None:

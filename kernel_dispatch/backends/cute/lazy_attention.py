@@ -7,6 +7,7 @@ so forward and backward mix across backends.
 """
 import torch
 
+from .._checks import check_query
 from . import _store
 from ._kernel_key import HEAD_DIMS, KernelKey
 from .lazy_attention_bwd import backward as _backward
@@ -16,12 +17,7 @@ DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _check(q: torch.Tensor) -> None:
-    if q.device.type != "cuda":
-        raise ValueError(f"q: the cute backend needs a CUDA tensor, got device {q.device}")
-    if q.dtype not in DTYPES:
-        raise TypeError(f"q: the cute backend supports float16 and bfloat16, got {q.dtype}")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"q: the cute backend supports head dims {HEAD_DIMS}, got D = {q.shape[-1]}")
+    check_query(q, "cute", DTYPES, HEAD_DIMS)
 
 
 def _kernels(q: torch.Tensor, causal: bool):

@@ -18,6 +18,8 @@ import functools
 
 import torch
 
+from .._checks import check_query
+
 from . import _build
 from . import _lazy_attention_dkdv_kernel as _dkdv_k
 from . import _lazy_attention_dq_delta_kernel as _dq_delta_k
@@ -49,12 +51,7 @@ def _kernel(name: str, q: torch.Tensor, causal: bool, varlen: bool = False):
 
 
 def _check(q: torch.Tensor) -> None:
-    if q.device.type != "cuda":
-        raise ValueError(f"q: the TileLang backend needs a CUDA tensor, got device {q.device}")
-    if q.dtype not in DTYPES:
-        raise TypeError(f"q: the TileLang backend supports float16 and bfloat16, got {q.dtype}")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"q: the TileLang backend supports head dims {HEAD_DIMS}, got D = {q.shape[-1]}")
+    check_query(q, "TileLang", DTYPES, HEAD_DIMS)
 
 
 def _lens(lengths, B: int, L: int, device) -> torch.Tensor:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_query
 from ..kvcache_splits import SplitPolicy, keep_scores, num_splits, sm_count
 from . import _build
 from . import _lazy_attention_kvcache_lse_kernel as _lse_k
@@ -82,14 +83,9 @@ def prim_func(name: str, head_dim: int, dtype: str, flags: tuple, tiles):
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    if q.device.type != "cuda":
-        raise ValueError(f"q: the TileLang backend needs a CUDA tensor, got device {q.device}")
-    if q.dtype not in DTYPES:
-        raise TypeError(f"q: the TileLang backend supports float16 and bfloat16, got {q.dtype}")
+    check_query(q, "TileLang", DTYPES, HEAD_DIMS)
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"k_cache, v_cache: expected q's dtype {q.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"q: the TileLang backend supports head dims {HEAD_DIMS}, got D = {q.shape[-1]}")
 
 
 def forward(q, k_cache, v_cache, bias, tau, seqlens_k, scale: float, *, splits: int | None = None,
