@@ -1,21 +1,26 @@
 """CuTe DSL kernel: the lazy attention forward (SPEC section 1) on Hopper's own machinery (TMA, wgmma, warp
-specialisation). Same arguments, outputs and LSE residual as ``_lazy_attention_fwd_kernel`` ("fwd"); compiled and
-resource-checked for sm_90a but NOT YET RUN ON A GPU (see docs/cute-backend.md before using it anywhere).
+specialisation). Same arguments, outputs and LSE residual as ``_lazy_attention_fwd_kernel`` ("fwd"); the cute
+backend's forward.
 
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q once into sQ as
   two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key tiles
-  [BN, D] into a ring of STAGES buffers (the KV pipeline): sweep 1 needs K(0) .. K(n-1), sweep 2 needs K(0), V(0),
-  K(1), V(1), ... A K tile and a V tile have the same byte size, so they share one ring (a V stage is the same bytes
+  [BN, D] into a ring of STAGES buffers (the KV pipeline), in the order below. A K tile and a V tile have the same byte size, so they share one ring (a V stage is the same bytes
   seen through V's MN-major swizzled layout).
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
   wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
   (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMM runs on the tensor cores
   while the other computes its exponentials.
-  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (stored as the shipped kernel does);
-  sweep 2: S again, P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation).
+  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (stored as the shipped kernel does); two key
+  tiles per turn (two commit groups), so tile 2p + 1's score GEMM runs under tile 2p's exponentials;
+  sweep 2: P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation); one turn
+  issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's exponentials run under the
+  latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight across a loop's back edge: where
+  one was, ptxas serialised every wgmma of the kernel (warning C7514; the kernel ran 16 % slower).
+- producer order: sweep 1 K(0) .. K(n - 1); sweep 2 K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1),
+  which is the order the consumers wait in.
 
 Synchronisation (which barrier guards which buffer):
 - Q pipeline (mbarriers, PipelineTmaAsync, 1 stage): full barrier = the TMA transaction count of sQ; the consumers
@@ -23,7 +28,7 @@ Synchronisation (which barrier guards which buffer):
 - KV pipeline (mbarriers, PipelineTmaAsync, STAGES stages): full[s] completes when the TMA bytes of stage s land
   (producer: acquire = wait empty[s] then arrive-expect-tx on full[s]); empty[s] needs one arrive from each of the 8
   consumer warps (lane 0 of each, PipelineTmaAsync.consumer_release) after the warpgroup's wgmma reading stage s
-  has completed (warpgroup.wait_group(0) precedes every release).
+  has completed (a wait_group retiring that GEMM's commit group precedes every release).
 - Named barrier 1 (256 consumer threads), three uses, all at CTA-uniform points:
   (a) after the consumers overwrite shared memory with generic stores (rows of sQ at query positions >= lengths[b];
   rows of a V stage at key positions >= lengths[b]) each writer issues fence.proxy.async.shared::cta and then the
@@ -34,9 +39,9 @@ Synchronisation (which barrier guards which buffer):
   k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill k - 2). So one barrier per
   non-free tile, none on free tiles.
 - Named barriers 2 and 3 (ping-pong scheduler, 256 threads each): barrier 2 + w is warpgroup w's turn. A turn =
-  bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the GEMM, commit, bar.arrive(3 - w)
-  (hand the turn over), then wait_group(0). Every GEMM (the S GEMM of both sweeps, the PV GEMM) is one turn, and
-  both warpgroups take the same number of turns T (the tile counts are CTA-uniform). Warpgroup 1 arrives once on
+  bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the turn's GEMMs, commit,
+  bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns T (tile
+  counts are CTA-uniform: ceil(n / 2) in sweep 1, n + 1 in sweep 2). Warpgroup 1 arrives once on
   barrier 2 before its first turn (warpgroup 0 goes first) and warpgroup 0 syncs once more on barrier 2 after its
   last turn, so barrier 2 sees T + 1 syncs and T + 1 arrivals and barrier 3 T of each: nothing is left pending at
   exit. A warpgroup cannot arrive twice on one barrier phase: between two hand-overs it must pass a sync that
@@ -47,7 +52,8 @@ Synchronisation (which barrier guards which buffer):
   half of sQ (free once its last wgmma completed; the other warpgroup never reads it) -> barrier -> 16-byte copies
   to global memory for rows < L (SMEM_EPILOGUE; False stores element by element from registers).
 - wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
-  instructions; commit_group + wait_group(0) before any register or buffer of that GEMM is read or released.
+  instructions; a wait_group retiring a GEMM's group before any register or buffer of that GEMM is read,
+  rewritten or released.
 
 Rules kept from the shipped kernel: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-exp of
 the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
@@ -105,6 +111,9 @@ EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 
 SMEM_EPILOGUE = True  # O through shared memory with 16-byte global stores (False: element stores from registers)
 PRINT_SHAPES = False  # print the partition shapes at compile time (debugging)
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
+# measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
+# argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged); "" is the kernel
+ABLATE = ""
 
 
 class LazyAttentionFwdSm90:
@@ -186,6 +195,11 @@ class LazyAttentionFwdSm90:
         down = cutlass.Float32(llvm.bitcast(cutlass.Float32.mlir_type, (bits + step).ir_value()))
         return down if lse * LOG2E > lse2 else lse
 
+    def _exp2(self, x, fastmath=True):
+        if cutlass.const_expr(ABLATE == "no_exp"):
+            return x
+        return cute.math.exp2(x, fastmath=fastmath)
+
     @cute.jit
     def _is_free(self, m0, n0, lb, W):
         """No entry of the tile [m0, m0 + BM) x [n0, n0 + BN) is masked or biased."""
@@ -240,19 +254,95 @@ class LazyAttentionFwdSm90:
             cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
 
     @cute.jit
-    def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage, wg):
-        """acc_S = Q_wg K(stage)^T on this warpgroup; returns once the wgmma group has completed. qk_first
-        overwrites the accumulator (k-block 0), qk_rest accumulates: two MMA objects whose ACCUMULATE field is set
-        once, outside the loops (a set() inside a staged loop would escape its region). The issue is one ping-pong
-        turn: the other warpgroup issues its next GEMM while this one runs, then does its exponentials while ours
-        runs."""
+    def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage):
+        """Issue acc_S = Q_wg K(stage)^T (no fence, commit or wait). qk_first overwrites the accumulator (k-block 0),
+        qk_rest accumulates: two MMA objects whose ACCUMULATE field is set once, outside the loops (a set() inside a
+        staged loop would escape its region)."""
+        for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+            if cutlass.const_expr(ABLATE != "no_gemm"):
+                cute.gemm(qk_first if k == 0 else qk_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage],
+                          acc_S)
+
+    @cute.jit
+    def _gemm_pv(self, pv_mma, acc_O, tOrP, tOrV, stage):
+        """Issue acc_O += A V(stage) with A from registers (no fence, commit or wait)."""
+        for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+            if cutlass.const_expr(ABLATE != "no_gemm"):
+                cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
+
+    @cute.jit
+    def _issue_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage, wg):
+        """One ping-pong turn issuing acc_S = Q_wg K(stage)^T as its own wgmma group; returns without waiting."""
         warpgroup.fence()
         self._turn_wait(wg)
-        for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            cute.gemm(qk_first if k == 0 else qk_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
+        self._gemm_s(qk_first, qk_rest, acc_S, tSrQ, tSrK, stage)
         warpgroup.commit_group()
         self._turn_pass(wg)
-        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _sweep1_tile(self, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum):
+        """Bias table (non-free tiles) then :meth:`_sweep1_rows`; returns the updated count of table fills."""
+        free = self._is_free(m0, n0, lb, W)
+        tbl = sT[None, fills % 2]
+        if not free:
+            self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+            fills += 1
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
+        self._sweep1_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum)
+        return fills
+
+    @cute.jit
+    def _sweep1_rows(self, acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
+        """Fold a tile's raw scores into the online row max and sum (log2 domain)."""
+        if free:
+            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                    acc_mn[r, c] = acc_mn[r, c] * sc2
+        else:
+            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2)
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            row = acc_mn[r, None].load()
+            mx = self._quad(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
+            prev = row_max[r]
+            new = cute.arch.fmax(prev, mx)
+            safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
+            e = self._exp2(row - safe, fastmath=True)
+            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + e.reduce(
+                cute.ReductionOp.ADD, cutlass.Float32(0.0), 0)
+            row_max[r] = new
+
+    @cute.jit
+    def _sweep2_rows(self, acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
+        """A tile's raw scores -> A = relu(P + tau / i) in place, P = exp2(min(S2 - lse2, 0)), masked entries 0."""
+        if free:
+            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                row = acc_mn[r, None].load()
+                x = row * sc2 - lse2[r]
+                p = self._exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
+                a = p + thr[r]
+                acc_mn[r, None] = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
+        else:
+            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2)
+            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                row = acc_mn[r, None].load()
+                x = row - lse2[r]
+                p = self._exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
+                a = p + thr[r]
+                a = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
+                acc_mn[r, None] = cute.where(row == -cutlass.Float32.inf, cute.full_like(a, 0.0), a)
+
+    @cute.jit
+    def _zero_v_rows(self, sV, stage, n0, lb, L, ctid):
+        """Zero the V rows of a stage at key positions >= lengths[b] (A is 0 there, but 0 * NaN is NaN); the 256
+        consumer threads split the elements, then a proxy fence and barrier 1 put the zeros before any wgmma."""
+        if n0 + BN > lb and lb < L:
+            sVs = sV[None, None, stage]
+            for i in cutlass.range(ctid, BN * self.D, 2 * WG, unroll=1):
+                j = i // self.D
+                if n0 + j >= lb:
+                    sVs[i - j * self.D, j] = self.dtype(0.0)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
@@ -340,14 +430,20 @@ class LazyAttentionFwdSm90:
                     cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
                               tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
                     kv_state.advance()
-                # sweep 2: K then V of each tile
+                # sweep 2, in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
                 for nb in cutlass.range(n_blocks2, unroll=1):
                     kv_pipe.producer_acquire(kv_state)
                     cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
                               tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
                     kv_state.advance()
+                    if nb > 0:
+                        kv_pipe.producer_acquire(kv_state)
+                        cute.copy(tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index],
+                                  tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                        kv_state.advance()
+                if n_blocks2 > 0:
                     kv_pipe.producer_acquire(kv_state)
-                    cute.copy(tma_v, tVgV[None, nb], tVsV[None, kv_state.index],
+                    cute.copy(tma_v, tVgV[None, n_blocks2 - 1], tVsV[None, kv_state.index],
                               tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
                     kv_state.advance()
         else:
@@ -368,7 +464,6 @@ class LazyAttentionFwdSm90:
             tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, MMA_N, MMA_K, STAGES)
             acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
             acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WM, D)))
-            acc_O.fill(0.0)
             # the A operand of O += A V: same registers order as acc_S (for 16-bit types the accumulator of
             # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
             # by k-block of 16 columns), so acc_S converts element by element
@@ -414,36 +509,40 @@ class LazyAttentionFwdSm90:
                 if wg == 1:  # warpgroup 0 takes the first turn
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
 
-            # ---------------- sweep 1: row log-sum-exp
-            for nb in cutlass.range(n_blocks, unroll=1):
-                n0 = nb * BN
-                free = self._is_free(m0, n0, lb, W)
-                tbl = sT[None, fills % 2]
-                if not free:
-                    self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
-                    fills += 1
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
-                kv_pipe.consumer_wait(kv_state)  # K(nb) landed
-                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
-                kv_pipe.consumer_release(kv_state)  # this warp's wgmma reads of the stage are complete
+            # ---------------- sweep 1: row log-sum-exp, two key tiles per turn: the score GEMM of tile 2p + 1 runs
+            # under tile 2p's exponentials (nothing stays in flight across the loop's back edge: ptxas serialises
+            # every wgmma of a kernel where an accumulator does, docs/cute-backend.md)
+            for pair in cutlass.range(n_blocks // 2, unroll=1):
+                k_state = kv_state.clone()
                 kv_state.advance()
-                if free:
-                    for r in cutlass.range_constexpr(n_rows):
-                        for c in cutlass.range_constexpr(n_cols):
-                            acc_S_mn[r, c] = acc_S_mn[r, c] * sc2
-                else:
-                    self._scores(acc_S_mn, tScS_mn, tbl, m0, n0, lb, sc2)
-                for r in cutlass.range_constexpr(n_rows):
-                    row = acc_S_mn[r, None].load()
-                    mx = self._quad(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
-                    prev = row_max[r]
-                    new = cute.arch.fmax(prev, mx)
-                    safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
-                    e = cute.math.exp2(row - safe, fastmath=True)
-                    row_sum[r] = row_sum[r] * cute.math.exp2(prev - safe, fastmath=True) + e.reduce(
-                        cute.ReductionOp.ADD, cutlass.Float32(0.0), 0)
-                    row_max[r] = new
-
+                kv_pipe.consumer_wait(k_state)  # K(2p) landed
+                kv_pipe.consumer_wait(kv_state)  # K(2p + 1) landed
+                acc_a = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
+                acc_b = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
+                warpgroup.fence()
+                self._turn_wait(wg)
+                self._gemm_s(qk_mma, qk_rest, acc_a, tSrQ, tSrK, k_state.index)
+                warpgroup.commit_group()
+                self._gemm_s(qk_mma, qk_rest, acc_b, tSrQ, tSrK, kv_state.index)
+                warpgroup.commit_group()
+                self._turn_pass(wg)
+                warpgroup.wait_group(1)
+                kv_pipe.consumer_release(k_state)
+                fills = self._sweep1_tile(self._mn_view(acc_a), 2 * pair * BN, sT, fills, ctid, m0, lb, W, mBias,
+                                          h, tScS_mn, sc2, row_max, row_sum)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+                fills = self._sweep1_tile(self._mn_view(acc_b), (2 * pair + 1) * BN, sT, fills, ctid, m0, lb, W,
+                                          mBias, h, tScS_mn, sc2, row_max, row_sum)
+            if n_blocks % 2 == 1:  # the last tile alone
+                kv_pipe.consumer_wait(kv_state)
+                self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+                fills = self._sweep1_tile(acc_S_mn, (n_blocks - 1) * BN, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn,
+                                          sc2, row_max, row_sum)
             # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
             lane = tidx % 4
             for r in cutlass.range_constexpr(n_rows):
@@ -457,58 +556,61 @@ class LazyAttentionFwdSm90:
                 else:
                     thr[r] = mTau[h] / cutlass.Float32(lb)
 
-            # ---------------- sweep 2: O = relu(P + tau / i) V
-            for nb in cutlass.range(n_blocks2, unroll=1):
+            # ---------------- sweep 2: O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
+            # A V GEMM of tile nb - 1; tile nb's exponentials run under the latter. The producer's order matches:
+            # K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1).
+            acc_O.fill(0.0)
+            if n_blocks2 > 0:
+                kv_pipe.consumer_wait(kv_state)  # K(0) landed
+                self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+                tbl = sT[None, fills % 2]
+                if not self._is_free(m0, 0, lb, W):
+                    self._fill_table(tbl, ctid, m0, 0, W, mBias, h)
+                    fills += 1
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+                self._sweep2_rows(acc_S_mn, self._is_free(m0, 0, lb, W), tScS_mn, tbl, m0, 0, lb, sc2, lse2, thr)
+                tOrP_as_S.store(acc_S.load().to(dt))
+            for nb in cutlass.range(1, n_blocks2, unroll=1):
                 n0 = nb * BN
+                k_state = kv_state.clone()
+                kv_state.advance()  # now V(nb - 1)
+                kv_pipe.consumer_wait(k_state)  # K(nb) landed
+                kv_pipe.consumer_wait(kv_state)  # V(nb - 1) landed
+                self._zero_v_rows(sV, kv_state.index, n0 - BN, lb, L, ctid)
+                warpgroup.fence()
+                self._turn_wait(wg)
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, k_state.index)
+                warpgroup.commit_group()
+                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                warpgroup.commit_group()
+                self._turn_pass(wg)
+                warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
+                kv_pipe.consumer_release(k_state)
                 free = self._is_free(m0, n0, lb, W)
                 tbl = sT[None, fills % 2]
                 if not free:
                     self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
                     fills += 1
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
-                kv_pipe.consumer_wait(kv_state)  # K(nb) landed
-                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+                self._sweep2_rows(acc_S_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr)
+                warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                if free:
-                    for r in cutlass.range_constexpr(n_rows):
-                        row = acc_S_mn[r, None].load()
-                        x = row * sc2 - lse2[r]
-                        p = cute.math.exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
-                        a = p + thr[r]
-                        acc_S_mn[r, None] = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
-                else:
-                    self._scores(acc_S_mn, tScS_mn, tbl, m0, n0, lb, sc2)
-                    for r in cutlass.range_constexpr(n_rows):
-                        row = acc_S_mn[r, None].load()
-                        x = row - lse2[r]
-                        p = cute.math.exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
-                        a = p + thr[r]
-                        a = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
-                        acc_S_mn[r, None] = cute.where(row == -cutlass.Float32.inf, cute.full_like(a, 0.0), a)
                 tOrP_as_S.store(acc_S.load().to(dt))
-
-                kv_pipe.consumer_wait(kv_state)  # V(nb) landed
-                vstage = kv_state.index
-                if n0 + BN > lb and lb < L:
-                    # keys >= lengths[b] of this tile: zero their V rows (A is 0 there, but 0 * NaN is NaN)
-                    sVs = sV[None, None, vstage]
-                    for i in cutlass.range(ctid, BN * D, 2 * WG, unroll=1):
-                        j = i // D
-                        if n0 + j >= lb:
-                            sVs[i - j * D, j] = dt(0.0)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+            if n_blocks2 > 0:
+                kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
+                self._zero_v_rows(sV, kv_state.index, (n_blocks2 - 1) * BN, lb, L, ctid)
                 warpgroup.fence()
-                self._turn_wait(wg)  # the PV GEMM is a ping-pong turn too (both warpgroups take the same turns)
-                for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
-                    cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, vstage], acc_O)
+                self._turn_wait(wg)
+                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
                 warpgroup.commit_group()
                 self._turn_pass(wg)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-
             if cutlass.const_expr(PINGPONG):
                 if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
                     cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)

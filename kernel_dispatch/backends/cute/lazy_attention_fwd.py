@@ -30,5 +30,5 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     if B == 0 or H == 0 or L == 0:
         return o, lse
     with torch.cuda.device(q.device):
-        kernel("fwd")(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
+        kernel("fwd_sm90")(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
     return o, lse

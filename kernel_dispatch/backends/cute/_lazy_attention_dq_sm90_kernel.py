@@ -1,0 +1,560 @@
+"""CuTe DSL kernel: the lazy attention backward's query-major half (SPEC section 1) on Hopper's own machinery (TMA,
+wgmma, warp specialisation): dQ, Delta and the dtau rows Rdiv, the outputs of the shipped ``dq`` kernel
+(``_lazy_attention_bwd_kernel``), in ONE sweep over the keys instead of two.
+
+The one-sweep form (as the TileLang ``_lazy_attention_dq_delta_kernel``): for any row constant D0,
+dQ_m = scale * (sum_n P (Mk dA - D0) k_n - (Delta - D0) sum_n P k_n), so one sweep accumulates per query row
+
+    X = sum_n P (Mk dA - D0) k_n,   Y = sum_n P k_n,   Delta = sum_n P Mk dA,   R = sum_n Mk dA
+
+and ends with dQ = scale (X - (Delta - D0) Y), Rdiv = R / i. D0 = rowsum(dO * O) (O the forward output in q's
+dtype, computed by the launcher in fp32); a non-finite D0 is replaced by 0 (any constant is exact). Rows that see
+exactly one key (causal row 0, or lengths[b] == 1) have dS = 0 exactly: their dQ is stored as 0 (unless Delta is
+not finite), and their P is 1 exactly (the shipped kernel's rule). Per tile: 4 GEMMs (S = Q K^T, dA = dO V^T,
+X += T K, Y += P K) and one exponential pass.
+
+One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
+
+- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24). Q and dO once (two halves
+  [WM = 64, D] each; four TMA copies completing the one barrier of the QdO pipeline), then K(0), V(0), K(1), V(1),
+  ... into one ring of STAGES tiles [BN = 64, D] (the KV pipeline; a K and a V tile have the same bytes).
+- warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns 64 query rows. Per key tile:
+  turn A: S = Q K^T and dA = dO V^T (m64n64k16, both operands in shared memory), one commit group; then V's stage
+  is released; registers: P, Mk, Delta/R partial sums, T = P (Mk dA - D0) and P converted to q's dtype (the
+  register A operand of the next GEMMs); turn B: X += T K and Y += P K (m64nDk16, A from registers, B = K^T: the
+  same K stage seen through an MN-major swizzled layout, which maps (d, n) to the byte (n, d) of the K-major one),
+  then K's stage is released. With PINGPONG the two warpgroups take turns issuing (named barriers 2 and 3),
+  so one warpgroup's GEMMs run while the other does its exponentials.
+
+Registers at D = 128 per consumer thread: acc S 32 + acc dA 32 + X 64 + Y 64 fp32 (BN = 64 keeps this < 240).
+
+Synchronisation: as ``_lazy_attention_fwd_sm90_kernel`` (its docstring): QdO pipeline (1 stage, never released);
+KV pipeline (STAGES stages; empty[s] takes one arrive per consumer warp after the warpgroup's wgmma reading stage s
+completed: wait_group(0) precedes every release; V stages are released before the K stage of the same tile, which
+mbarriers allow: each stage has its own empty barrier); named barrier 1 (256 consumer threads): bias tables, one
+barrier per non-free tile, two table buffers; named barriers 2, 3: ping-pong turns (2 turns per tile per warpgroup,
+warpgroup 1 arrives once on barrier 2 before its first turn, warpgroup 0 syncs once more on barrier 2 after its
+last); named barriers 4, 5: epilogue staging of dQ through the warpgroup's own half of sQ.
+
+Rules: the launcher zero-fills rows >= lengths[b] of q, k, v, dO (NaN included) and rows >= L, so no shared
+memory is zeroed here; rows >= LP (the block's tail past the tensors) arrive as zeros from TMA's out-of-bounds
+fill and are never stored. Keys >= lengths[b], the causal mask and rows >= lengths[b] are applied by selects on
+tiles that are not free (``_is_free``: every row and key of the 128 x 64 tile valid, every key visible, no bias),
+with the bias read from a shared table of the tile's BM + BN - 1 distances (log2 domain). Rows >= lengths[b] get
+dQ = 0, Delta = 0, Rdiv = 0. Deterministic: no atomics, fixed summation order.
+
+Layout (contiguous): Q, dO, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LSE, D0, Delta, Rdiv [B, H, LP] fp32;
+Bias [H, W], Tau [H] fp32; Lens [B] int32. B, H, Hkv, LP, W are runtime values; D, dtype and causal compiled in.
+"""
+
+import time
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ._kernel_key import KernelKey
+
+KERNELS = ("dq_sm90",)
+ARGS = {
+    "dq_sm90": [
+        "q fp16/bf16 [B,H,LP,D] contiguous",
+        "k fp16/bf16 [B,Hkv,LP,D] contiguous",
+        "v fp16/bf16 [B,Hkv,LP,D] contiguous",
+        "do fp16/bf16 [B,H,LP,D] contiguous",
+        "lse fp32 [B,H,LP] (natural log; rows >= L: 0)",
+        "d0 fp32 [B,H,LP] = rowsum(dO * O) in fp32 (O the forward output in q's dtype; any finite value on padded"
+        " rows)",
+        "bias fp32 [H,W] contiguous",
+        "tau fp32 [H]",
+        "lengths int32 [B] (values in [0, L])",
+        "dq out fp16/bf16 [B,H,LP,D]",
+        "delta out fp32 [B,H,LP]",
+        "rdiv out fp32 [B,H,LP]",
+        "scale float (python scalar)",
+    ]
+}
+ROW_MULTIPLE = 64  # the launcher pads L to LP, a multiple of this (any LP works: stores are guarded by LP)
+
+LOG2E = 1.4426950408889634
+BM = 128  # query rows per CTA (two consumer warpgroups of WM)
+WM = 64  # query rows per consumer warpgroup
+BN = 64  # keys per tile
+STAGES = {64: 10, 128: 8}  # K/V ring depth (shared memory: Q, dO + STAGES tiles of BN x D)
+WG = 128
+NUM_THREADS = 3 * WG
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
+TABLE = 256  # entries of one bias-by-distance table (BM + BN - 1 used)
+CONSUMER_BARRIER = 1
+ORDER_BARRIER = 2  # 2: warpgroup 0's turn, 3: warpgroup 1's turn
+EPILOGUE_BARRIER = 4  # 4 and 5
+PINGPONG = True
+PRINT_SHAPES = False
+
+
+class LazyAttentionDqSm90:
+    def __init__(self, head_dim: int, dtype, causal: bool):
+        self.D = head_dim
+        self.dtype = dtype
+        self.causal = causal
+        self.stages = STAGES[head_dim]
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
+                 mD0: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mdQ: cute.Tensor,
+                 mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32, stream):
+        D = self.D
+        dt = self.dtype
+        K_MAJOR = cute.nvgpu.OperandMajorMode.K
+        MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
+
+        # S = Q K^T and dA = dO V^T: (WM, BN), A K-major (Q / dO half), B K-major (K / V tile)
+        s_first = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
+        s_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
+        # X += T K, Y += P K: (WM, D), A from registers (WM x BN), B = K^T (D x BN, D contiguous: MN-major)
+        xy_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WM, D),
+                                                   warpgroup.OperandSource.RMEM)
+
+        k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
+        mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
+        sQ_layout = cute.tile_to_shape(k_atom, (WM, D, 2), order=(0, 1, 2))
+        sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
+        # the same bytes as sK_layout with the two modes swapped (checked: both are
+        # S<3,4,3> o ((8,8),(64,D/64)):((64,512),(1,4096)) up to the mode order)
+        sKt_layout = cute.tile_to_shape(mn_atom, (D, BN, self.stages), order=(1, 0, 2))
+
+        q_t = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0]))
+        do_t = cute.make_tensor(mdO.iterator, cute.select(mdO.layout, mode=[2, 3, 1, 0]))
+        k_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[2, 3, 1, 0]))
+        v_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[2, 3, 1, 0]))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        half_q = cute.slice_(sQ_layout, (None, None, 0))
+        tile_k = cute.slice_(sK_layout, (None, None, 0))
+        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, half_q, (WM, D))
+        tma_do, tma_do_t = cpasync.make_tiled_tma_atom(g2s, do_t, half_q, (WM, D))
+        tma_k, tma_k_t = cpasync.make_tiled_tma_atom(g2s, k_t, tile_k, (BN, D))
+        tma_v, tma_v_t = cpasync.make_tiled_tma_atom(g2s, v_t, tile_k, (BN, D))
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * TABLE], 16]
+
+        LP = mQ.shape[2]
+        n_mblocks = (LP + BM - 1) // BM
+        self.kernel(s_first, s_rest, xy_mma, tma_q, tma_q_t, tma_do, tma_do_t, tma_k, tma_k_t, tma_v, tma_v_t,
+                    mLSE, mD0, mBias, mTau, mLens, mdQ, mDelta, mRdiv, scale, sQ_layout, sK_layout, sKt_layout,
+                    SharedStorage).launch(
+            grid=[n_mblocks, mQ.shape[1], mQ.shape[0]], block=[NUM_THREADS, 1, 1],
+            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ helpers
+    def _mn_view(self, acc: cute.Tensor) -> cute.Tensor:
+        """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols) of this thread."""
+        cm = cute.make_layout(acc.layout.shape)
+        s0, d0 = cm.shape[0], cm.stride[0]
+        mn = cute.make_layout(((s0[1], cm.shape[1]), (s0[0], s0[2], cm.shape[2])),
+                              stride=((d0[1], cm.stride[1]), (d0[0], d0[2], cm.stride[2])))
+        return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+    def _quad(self, val, op):
+        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
+        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
+        return val
+
+    @cute.jit
+    def _is_free(self, m0, n0, lb, W):
+        """Every row and key of the tile [m0, m0 + BM) x [n0, n0 + BN) is below lengths[b], every key is visible to
+        every row and no entry is biased."""
+        dlo = m0 - n0 - (BN - 1)  # smallest distance m - n in the tile
+        free = m0 + BM <= lb and n0 + BN <= lb and dlo >= W
+        if cutlass.const_expr(not self.causal):
+            free = m0 + BM <= lb and n0 + BN <= lb and (dlo >= W or dlo + (BM + BN - 2) <= -W)
+        return free
+
+    @cute.jit
+    def _fill_table(self, sT, ctid, m0, n0, W, mBias, h):
+        """sT[t] = log2-domain bias at distance m - n = m0 - n0 + t - (BN - 1) (0 outside the band)."""
+        if ctid < BM + BN - 1:
+            d = m0 - n0 + ctid - (BN - 1)
+            a = d
+            if cutlass.const_expr(not self.causal):
+                a = cutlass.max(d, -d)
+            val = cutlass.Float32(0.0)
+            if a < W and a >= 0:
+                val = mBias[h, a] * LOG2E
+            sT[ctid] = val
+
+    @cute.jit
+    def _turn_wait(self, wg):
+        if cutlass.const_expr(PINGPONG):
+            cute.arch.barrier(barrier_id=ORDER_BARRIER + wg, number_of_threads=2 * WG)
+
+    @cute.jit
+    def _turn_pass(self, wg):
+        if cutlass.const_expr(PINGPONG):
+            cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
+
+    # ------------------------------------------------------------------ kernel
+    @cute.kernel
+    def kernel(self, s_first: cute.TiledMma, s_rest: cute.TiledMma, xy_mma: cute.TiledMma,
+               tma_q: cute.CopyAtom, tma_q_t: cute.Tensor, tma_do: cute.CopyAtom, tma_do_t: cute.Tensor,
+               tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, tma_v: cute.CopyAtom, tma_v_t: cute.Tensor,
+               mLSE: cute.Tensor, mD0: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor,
+               mdQ: cute.Tensor, mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sKt_layout: cute.ComposedLayout,
+               SharedStorage: cutlass.Constexpr):
+        D = self.D
+        dt = self.dtype
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // WG)
+
+        LP = mdQ.shape[2]
+        H = mdQ.shape[1]
+        Hkv = tma_k_t.shape[2]
+        W = mBias.shape[1]
+        hk = h // (H // Hkv)
+        n_mblocks = (LP + BM - 1) // BM
+        mb = bx
+        if cutlass.const_expr(self.causal):
+            mb = n_mblocks - 1 - bx  # longest rows first
+        m0 = mb * BM
+        lb = cutlass.min(mLens[b], LP)
+        key_end = lb
+        if cutlass.const_expr(self.causal):
+            key_end = cutlass.min(m0 + BM, lb)
+        n_blocks = (key_end + BN - 1) // BN
+        if m0 >= lb:
+            n_blocks = 0
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, sKt_layout.inner), sKt_layout.outer)
+        sT = storage.sT.get_tensor(cute.make_layout((TABLE, 2)))
+
+        q_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+            tx_count=2 * BM * D * dt.width // 8)
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+            tx_count=BN * D * dt.width // 8)
+
+        gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))
+        gdO = cute.local_tile(tma_do_t[None, None, h, b], (WM, D), (None, 0))
+        gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
+        gV = cute.local_tile(tma_v_t[None, None, hk, b], (BN, D), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                                               cute.group_modes(gdO, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+
+        if wg_idx == 0:
+            # ============================ producer warpgroup: warp 0 issues the TMA loads
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_do)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                if n_blocks > 0:
+                    q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                    q_pipe.producer_acquire(q_state)
+                    for half in cutlass.range_constexpr(2):
+                        cute.copy(tma_q, tQgQ[None, 2 * mb + half], tQsQ[None, half],
+                                  tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                        cute.copy(tma_do, tdOgdO[None, 2 * mb + half], tdOsdO[None, half],
+                                  tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for nb in cutlass.range(n_blocks, unroll=1):
+                    kv_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
+                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+                    kv_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_v, tVgV[None, nb], tVsV[None, kv_state.index],
+                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+        else:
+            # ============================ consumer warpgroups 1, 2: 64 query rows each
+            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            s_first.set(warpgroup.Field.ACCUMULATE, False)
+            s_rest.set(warpgroup.Field.ACCUMULATE, True)
+            xy_mma.set(warpgroup.Field.ACCUMULATE, True)  # X and Y start from zeros
+            ctid = tidx - WG
+            wg = wg_idx - 1
+            wtid = tidx % WG
+            sc2 = scale * LOG2E
+            tau = mTau[h]
+
+            thr_s = s_first.get_slice(wtid)
+            thr_xy = xy_mma.get_slice(wtid)
+            tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ[None, None, wg]))
+            tSrdO = thr_s.make_fragment_A(thr_s.partition_A(sdO[None, None, wg]))
+            tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK))  # (MMA, MMA_N, MMA_K, STAGES); V stages too
+            tXrKt = thr_xy.make_fragment_B(thr_xy.partition_B(sKt))
+            acc_S = thr_s.make_fragment_C(thr_s.partition_shape_C((WM, BN)))
+            acc_dA = thr_s.make_fragment_C(thr_s.partition_shape_C((WM, BN)))
+            acc_X = thr_xy.make_fragment_C(thr_xy.partition_shape_C((WM, D)))
+            acc_Y = thr_xy.make_fragment_C(thr_xy.partition_shape_C((WM, D)))
+            acc_X.fill(0.0)
+            acc_Y.fill(0.0)
+            # register A operands of X += T K and Y += P K: same register order as an (WM, BN) accumulator
+            tXrT = cute.make_rmem_tensor(thr_xy.partition_shape_A((WM, BN)), dt)
+            tXrP = cute.make_rmem_tensor(thr_xy.partition_shape_A((WM, BN)), dt)
+            tXrT_as_S = cute.make_tensor(tXrT.iterator, acc_S.layout)
+            tXrP_as_S = cute.make_tensor(tXrP.iterator, acc_S.layout)
+            if cutlass.const_expr(PRINT_SHAPES):
+                print("tSrQ", tSrQ.shape, "tSrK", tSrK.shape, "tXrKt", tXrKt.shape, "tXrT", tXrT.shape,
+                      "acc_S", acc_S.shape, "acc_X", acc_X.shape)
+
+            cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
+            tScS_mn = self._mn_view(thr_s.partition_C(cS))
+            acc_S_mn = self._mn_view(acc_S)
+            acc_dA_mn = self._mn_view(acc_dA)
+            n_rows = cute.size(acc_S_mn.shape[0])
+            n_cols = cute.size(acc_S_mn.shape[1])
+
+            lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            d0 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            r_acc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            d_acc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                m = m0 + tScS_mn[r, 0][0]
+                lv = cutlass.Float32(0.0)
+                dv = cutlass.Float32(0.0)
+                if m < LP:
+                    lv = mLSE[b, h, m]
+                    dv = mD0[b, h, m]
+                lse2[r] = lv * LOG2E
+                d0[r] = dv if (dv - dv) == 0.0 else cutlass.Float32(0.0)  # finite, else any constant (0)
+                ii = cutlass.Float32(cutlass.max(lb, 1))
+                if cutlass.const_expr(self.causal):
+                    ii = cutlass.Float32(m + 1)
+                thr[r] = tau / ii
+                r_acc[r] = 0.0
+                d_acc[r] = 0.0
+
+            if n_blocks > 0:
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+                q_pipe.consumer_wait(q_state)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            fills = cutlass.Int32(0)
+            if cutlass.const_expr(PINGPONG):
+                if wg == 1:
+                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
+
+            for nb in cutlass.range(n_blocks, unroll=1):
+                n0 = nb * BN
+                free = self._is_free(m0, n0, lb, W)
+                tbl = sT[None, fills % 2]
+                if not free:
+                    self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+                    fills += 1
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+                # ---- turn A: S = Q K^T, dA = dO V^T
+                k_state = kv_state.clone()
+                kv_pipe.consumer_wait(kv_state)  # K(nb)
+                kv_state.advance()
+                kv_pipe.consumer_wait(kv_state)  # V(nb)
+                kst = k_state.index
+                vst = kv_state.index
+                warpgroup.fence()
+                self._turn_wait(wg)
+                for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+                    cute.gemm(s_first if k == 0 else s_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, kst],
+                              acc_S)
+                for k in cutlass.range_constexpr(cute.size(tSrdO.shape[2])):
+                    cute.gemm(s_first if k == 0 else s_rest, acc_dA, tSrdO[None, None, k],
+                              tSrK[None, None, k, vst], acc_dA)
+                warpgroup.commit_group()
+                self._turn_pass(wg)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)  # V's stage
+                kv_state.advance()
+
+                # ---- P, Mk, row sums, T = P (Mk dA - D0)
+                if free:
+                    for r in cutlass.range_constexpr(n_rows):
+                        rs = cutlass.Float32(0.0)
+                        ds_ = cutlass.Float32(0.0)
+                        for c in cutlass.range_constexpr(n_cols):
+                            p = cute.math.exp2(acc_S_mn[r, c] * sc2 - lse2[r], fastmath=True)
+                            dp = acc_dA_mn[r, c] if p + thr[r] > 0.0 else cutlass.Float32(0.0)
+                            rs = rs + dp
+                            ds_ = ds_ + p * dp
+                            acc_dA_mn[r, c] = p * (dp - d0[r])  # T
+                            acc_S_mn[r, c] = p
+                        r_acc[r] = r_acc[r] + rs
+                        d_acc[r] = d_acc[r] + ds_
+                else:
+                    for r in cutlass.range_constexpr(n_rows):
+                        mr = tScS_mn[r, 0][0]
+                        m = m0 + mr
+                        row_ok = m < lb
+                        one = lb == 1
+                        if cutlass.const_expr(self.causal):
+                            one = m == 0 or lb == 1
+                        rs = cutlass.Float32(0.0)
+                        ds_ = cutlass.Float32(0.0)
+                        for c in cutlass.range_constexpr(n_cols):
+                            nc = tScS_mn[0, c][1]
+                            n = n0 + nc
+                            vis = row_ok and n < lb
+                            if cutlass.const_expr(self.causal):
+                                vis = vis and n <= m
+                            sv = acc_S_mn[r, c] * sc2 + tbl[mr - nc + (BN - 1)] - lse2[r]
+                            p = cute.math.exp2(sv, fastmath=True)
+                            p = p if vis else cutlass.Float32(0.0)
+                            p = cutlass.Float32(1.0) if (vis and one) else p
+                            keep = vis and (p + thr[r] > 0.0)
+                            dp = acc_dA_mn[r, c] if keep else cutlass.Float32(0.0)
+                            rs = rs + dp
+                            ds_ = ds_ + p * dp
+                            acc_dA_mn[r, c] = p * (dp - d0[r])  # T
+                            acc_S_mn[r, c] = p
+                        r_acc[r] = r_acc[r] + rs
+                        d_acc[r] = d_acc[r] + ds_
+
+                tXrT_as_S.store(acc_dA.load().to(dt))
+                tXrP_as_S.store(acc_S.load().to(dt))
+
+                # ---- turn B: X += T K, Y += P K (B = K^T from K's stage)
+                warpgroup.fence()
+                self._turn_wait(wg)
+                for k in cutlass.range_constexpr(cute.size(tXrT.shape[2])):
+                    cute.gemm(xy_mma, acc_X, tXrT[None, None, k], tXrKt[None, None, k, kst], acc_X)
+                for k in cutlass.range_constexpr(cute.size(tXrP.shape[2])):
+                    cute.gemm(xy_mma, acc_Y, tXrP[None, None, k], tXrKt[None, None, k, kst], acc_Y)
+                warpgroup.commit_group()
+                self._turn_pass(wg)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(k_state)  # K's stage
+
+            if cutlass.const_expr(PINGPONG):
+                if wg == 0:
+                    cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
+
+            # ---------------- epilogue
+            cX = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
+            tXcX_mn = self._mn_view(thr_xy.partition_C(cX))
+            acc_X_mn = self._mn_view(acc_X)
+            acc_Y_mn = self._mn_view(acc_Y)
+            lane = tidx % 4
+            for r in cutlass.range_constexpr(n_rows):
+                rsum = self._quad(r_acc[r], lambda x, y: x + y)
+                dsum = self._quad(d_acc[r], lambda x, y: x + y)
+                m = m0 + tXcX_mn[r, 0][0]
+                ii = cutlass.Float32(cutlass.max(lb, 1))
+                if cutlass.const_expr(self.causal):
+                    ii = cutlass.Float32(m + 1)
+                if lane == 0 and m < LP:
+                    mDelta[b, h, m] = dsum
+                    mRdiv[b, h, m] = rsum / ii
+                one = lb == 1
+                if cutlass.const_expr(self.causal):
+                    one = m == 0 or lb == 1
+                zero = m >= lb or (one and (dsum - dsum) == 0.0)
+                corr = dsum - d0[r]
+                for c in cutlass.range_constexpr(cute.size(acc_X_mn.shape[1])):
+                    val = (acc_X_mn[r, c] - corr * acc_Y_mn[r, c]) * scale
+                    acc_X_mn[r, c] = cutlass.Float32(0.0) if zero else val
+            rO = cute.make_fragment_like(acc_X, dt)
+            rO.store(acc_X.load().to(dt))
+            # staged through this warpgroup's own half of sQ (its last wgmma reading it completed; when no tile
+            # ran, the half was never loaded and nothing reads it)
+            sO = sQ[None, None, wg]
+            s_copy_O = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt), xy_mma)
+            thr_sO = s_copy_O.get_slice(wtid)
+            cute.copy(s_copy_O, thr_sO.retile(rO), thr_sO.partition_D(sO))
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=WG)
+            elems = 128 // dt.width
+            cols = 64 // elems
+            atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+            gcopy_out = cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // cols, cols), stride=(cols, 1)),
+                                                cute.make_layout((1, elems)))
+            thr_out = gcopy_out.get_slice(wtid)
+            gO = cute.local_tile(mdQ[b, h, None, None], (WM, D), (2 * mb + wg, 0))
+            tOsO = thr_out.partition_S(sO)
+            tOgO = thr_out.partition_D(gO)
+            tOc = thr_out.partition_D(cute.make_identity_tensor((WM, D)))
+            tOrO = cute.make_fragment_like(tOgO, dt)
+            cute.copy(gcopy_out, tOsO, tOrO)
+            m_half = m0 + WM * wg
+            for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+                if m_half + tOc[0, r, 0][0] < LP:
+                    cute.copy(gcopy_out, tOrO[None, r, None], tOgO[None, r, None])
+
+
+_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
+
+
+def fake_args(key: KernelKey):
+    """Fake tensors (B, H, Hkv, LP, W runtime) and scalars in ARGS order, plus the env stream."""
+    dt = getattr(cutlass, _DTYPES[key.dtype])
+    D = key.head_dim
+    B, H, Hkv, LP, W = (cute.sym_int() for _ in range(5))
+    rows = (3, 2, 1, 0)
+
+    def t(d, shape, order, align):
+        return cute.runtime.make_fake_compact_tensor(d, shape, stride_order=order, assumed_align=align)
+
+    q = t(dt, (B, H, LP, D), rows, 16)
+    kv = t(dt, (B, Hkv, LP, D), rows, 16)
+    vec = t(cutlass.Float32, (B, H, LP), (2, 1, 0), 4)
+    bias = t(cutlass.Float32, (H, W), (1, 0), 4)
+    tau = t(cutlass.Float32, (H,), (0,), 4)
+    lens = t(cutlass.Int32, (B,), (0,), 4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return [q, kv, kv, q, vec, vec, bias, tau, lens, q, vec, vec, cutlass.Float32(1.0), stream]
+
+
+def shared_bytes(key: KernelKey) -> int:
+    """Dynamic shared memory of one CTA (SharedStorage): mbarriers, Q and dO [BM, D], STAGES tiles [BN, D] (each
+    1024-byte aligned), two fp32 bias tables."""
+    D, el, off = key.head_dim, 2, 0
+    stages = STAGES[D]
+    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BM * D * el, 1024),
+                        (BN * D * el * stages, 1024), (2 * TABLE * 4, 16)):
+        off = -(-off // align) * align + size
+    return off
+
+
+def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):
+    """The compiled TVM FFI function for ``key`` (``key.kernel`` must be ``"dq_sm90"``)."""
+    if key.kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {key.kernel!r}; this module has {KERNELS}")
+    dt = getattr(cutlass, _DTYPES[key.dtype])
+    op = LazyAttentionDqSm90(key.head_dim, dt, key.causal)
+    return cute.compile(op, *fake_args(key), options=options)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for spec in sys.argv[1:] or ["128:bfloat16:1"]:
+        d, t, c = spec.split(":")
+        t0 = time.perf_counter()
+        compile(KernelKey("dq_sm90", int(d), t, bool(int(c))))
+        print(spec, f"{time.perf_counter() - t0:.1f}s")
