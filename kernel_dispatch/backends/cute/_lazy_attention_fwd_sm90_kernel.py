@@ -112,7 +112,8 @@ SMEM_EPILOGUE = True  # O through shared memory with 16-byte global stores (Fals
 PRINT_SHAPES = False  # print the partition shapes at compile time (debugging)
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
-# argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged); "" is the kernel
+# argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
+# (what is left: the TMA loads, pipelines, turns and table fills); "" is the kernel
 ABLATE = ""
 
 
@@ -259,7 +260,7 @@ class LazyAttentionFwdSm90:
         qk_rest accumulates: two MMA objects whose ACCUMULATE field is set once, outside the loops (a set() inside a
         staged loop would escape its region)."""
         for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            if cutlass.const_expr(ABLATE != "no_gemm"):
+            if cutlass.const_expr(ABLATE not in ("no_gemm", "loads_only")):
                 cute.gemm(qk_first if k == 0 else qk_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage],
                           acc_S)
 
@@ -267,7 +268,7 @@ class LazyAttentionFwdSm90:
     def _gemm_pv(self, pv_mma, acc_O, tOrP, tOrV, stage):
         """Issue acc_O += A V(stage) with A from registers (no fence, commit or wait)."""
         for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
-            if cutlass.const_expr(ABLATE != "no_gemm"):
+            if cutlass.const_expr(ABLATE not in ("no_gemm", "loads_only")):
                 cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
 
     @cute.jit
@@ -294,6 +295,8 @@ class LazyAttentionFwdSm90:
     @cute.jit
     def _sweep1_rows(self, acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
         """Fold a tile's raw scores into the online row max and sum (log2 domain)."""
+        if cutlass.const_expr(ABLATE == "loads_only"):
+            return
         if free:
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                 for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
@@ -313,23 +316,25 @@ class LazyAttentionFwdSm90:
 
     @cute.jit
     def _sweep2_rows(self, acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
-        """A tile's raw scores -> A = relu(P + tau / i) in place, P = exp2(min(S2 - lse2, 0)), masked entries 0."""
+        """A tile's raw scores -> A = relu(P + tau / i) in place, P = exp2(min(S2 - lse2, 0)), masked entries 0.
+        min and max are the NaN-propagating FMNMX (one instruction each; a compare and select is two)."""
+        if cutlass.const_expr(ABLATE == "loads_only"):
+            return
+        zero = cutlass.Float32(0.0)
         if free:
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                row = acc_mn[r, None].load()
-                x = row * sc2 - lse2[r]
-                p = self._exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
-                a = p + thr[r]
-                acc_mn[r, None] = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
+                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                    x = acc_mn[r, c] * sc2 - lse2[r]
+                    p = self._exp2(cute.arch.fmin(x, zero, nan=True))
+                    acc_mn[r, c] = cute.arch.fmax(p + thr[r], zero, nan=True)
         else:
             self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2)
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                row = acc_mn[r, None].load()
-                x = row - lse2[r]
-                p = self._exp2(cute.where(x > 0.0, cute.full_like(x, 0.0), x), fastmath=True)
-                a = p + thr[r]
-                a = cute.where(a < 0.0, cute.full_like(a, 0.0), a)  # relu keeping NaN
-                acc_mn[r, None] = cute.where(row == -cutlass.Float32.inf, cute.full_like(a, 0.0), a)
+                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                    s2 = acc_mn[r, c]
+                    p = self._exp2(cute.arch.fmin(s2 - lse2[r], zero, nan=True))
+                    a = cute.arch.fmax(p + thr[r], zero, nan=True)
+                    acc_mn[r, c] = zero if s2 == -cutlass.Float32.inf else a
 
     @cute.jit
     def _zero_v_rows(self, sV, stage, n0, lb, L, ctid):
