@@ -13,7 +13,7 @@ from kernel_dispatch.backends.cute._kernel_key import ARCH, KernelKey
 
 META = {"device": "cuda", "dtype": torch.bfloat16, "head_dim": 128, "gqa": True, "lengths": True, "causal": True,
         "bias_length": 512}
-KEY = KernelKey("fwd", 128, "bfloat16", True)
+KEY = KernelKey("fwd_sm90", 128, "bfloat16", True)
 
 
 def test_registered_for_lazy_attention_only_with_its_capabilities():
@@ -87,4 +87,4 @@ def test_key_names_are_distinct():
 
     names = [k.name for k in shipped_keys()]
     assert len(names) == len(set(names)) == len(_store.KERNEL_MODULES) * 2 * 2 * 2  # kernels x D x dtype x mask
-    assert KEY.name == "kd_lazy_attention_fwd_d128_bfloat16_causal"
+    assert KEY.name == "kd_lazy_attention_fwd_sm90_d128_bfloat16_causal"

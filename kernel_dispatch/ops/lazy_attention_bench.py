@@ -253,7 +253,7 @@ def plot(records: list[dict], path: Path, title: str) -> Path | None:
 
 # The README's speed summary: the issues' target shape, each backend and baseline in one row.
 SUMMARY_SHAPE = {"B": 4, "H": 16, "L": 4096, "D": 128, "W": 512}
-SUMMARY_ROWS = {"tilelang": "tilelang", "triton": "triton",
+SUMMARY_ROWS = {"cute": "cute", "tilelang": "tilelang", "triton": "triton",
                 "sdpa_cudnn": "SDPA cuDNN: plain causal attention (no bias, no Elastic-Softmax)",
                 "flex": "FlexAttention: bias as score_mod (no Elastic-Softmax), bias gradient included"}
 

@@ -56,6 +56,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
+from ._tiles import (LOG2E, ORDER_BARRIER, WG, acc_mn_view, fill_bias_table, one_key_row, quad_reduce,
+                     store_through_smem, turn_pass, turn_wait)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -78,21 +80,17 @@ ARGS = {
 }
 ROW_MULTIPLE = 64  # the launcher pads L to LP, a multiple of this (any LP works: stores are guarded by LP)
 
-LOG2E = 1.4426950408889634
 BM = 128  # query rows per CTA (two consumer warpgroups of WM)
 WM = 64  # query rows per consumer warpgroup
 BN = 64  # keys per tile
 STAGES = {64: 10, 128: 8}  # K/V ring depth (shared memory: Q, dO + STAGES tiles of BN x D)
-WG = 128
 NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-distance table (BM + BN - 1 used)
 CONSUMER_BARRIER = 1
-ORDER_BARRIER = 2  # 2: warpgroup 0's turn, 3: warpgroup 1's turn
 EPILOGUE_BARRIER = 4  # 4 and 5
 PINGPONG = True
-PRINT_SHAPES = False
 
 
 class LazyAttentionDqSm90:
@@ -157,19 +155,6 @@ class LazyAttentionDqSm90:
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
-    def _mn_view(self, acc: cute.Tensor) -> cute.Tensor:
-        """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols) of this thread."""
-        cm = cute.make_layout(acc.layout.shape)
-        s0, d0 = cm.shape[0], cm.stride[0]
-        mn = cute.make_layout(((s0[1], cm.shape[1]), (s0[0], s0[2], cm.shape[2])),
-                              stride=((d0[1], cm.stride[1]), (d0[0], d0[2], cm.stride[2])))
-        return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-    def _quad(self, val, op):
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
-        return val
-
     @cute.jit
     def _is_free(self, m0, n0, lb, W):
         """Every row and key of the tile [m0, m0 + BM) x [n0, n0 + BN) is below lengths[b], every key is visible to
@@ -180,30 +165,6 @@ class LazyAttentionDqSm90:
             free = m0 + BM <= lb and n0 + BN <= lb and (dlo >= W or dlo + (BM + BN - 2) <= -W)
         return free
 
-    @cute.jit
-    def _fill_table(self, sT, ctid, m0, n0, W, mBias, h):
-        """sT[t] = log2-domain bias at distance m - n = m0 - n0 + t - (BN - 1) (0 outside the band)."""
-        if ctid < BM + BN - 1:
-            d = m0 - n0 + ctid - (BN - 1)
-            a = d
-            if cutlass.const_expr(not self.causal):
-                a = cutlass.max(d, -d)
-            val = cutlass.Float32(0.0)
-            if a < W and a >= 0:
-                val = mBias[h, a] * LOG2E
-            sT[ctid] = val
-
-    @cute.jit
-    def _turn_wait(self, wg):
-        if cutlass.const_expr(PINGPONG):
-            cute.arch.barrier(barrier_id=ORDER_BARRIER + wg, number_of_threads=2 * WG)
-
-    @cute.jit
-    def _turn_pass(self, wg):
-        if cutlass.const_expr(PINGPONG):
-            cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
-
-    # ------------------------------------------------------------------ kernel
     @cute.kernel
     def kernel(self, s_first: cute.TiledMma, s_rest: cute.TiledMma, xy_mma: cute.TiledMma,
                tma_q: cute.CopyAtom, tma_q_t: cute.Tensor, tma_do: cute.CopyAtom, tma_do_t: cute.Tensor,
@@ -324,14 +285,11 @@ class LazyAttentionDqSm90:
             tXrP = cute.make_rmem_tensor(thr_xy.partition_shape_A((WM, BN)), dt)
             tXrT_as_S = cute.make_tensor(tXrT.iterator, acc_S.layout)
             tXrP_as_S = cute.make_tensor(tXrP.iterator, acc_S.layout)
-            if cutlass.const_expr(PRINT_SHAPES):
-                print("tSrQ", tSrQ.shape, "tSrK", tSrK.shape, "tXrKt", tXrKt.shape, "tXrT", tXrT.shape,
-                      "acc_S", acc_S.shape, "acc_X", acc_X.shape)
 
             cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
-            tScS_mn = self._mn_view(thr_s.partition_C(cS))
-            acc_S_mn = self._mn_view(acc_S)
-            acc_dA_mn = self._mn_view(acc_dA)
+            tScS_mn = acc_mn_view(thr_s.partition_C(cS))
+            acc_S_mn = acc_mn_view(acc_S)
+            acc_dA_mn = acc_mn_view(acc_dA)
             n_rows = cute.size(acc_S_mn.shape[0])
             n_cols = cute.size(acc_S_mn.shape[1])
 
@@ -370,7 +328,7 @@ class LazyAttentionDqSm90:
                 free = self._is_free(m0, n0, lb, W)
                 tbl = sT[None, fills % 2]
                 if not free:
-                    self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+                    fill_bias_table(tbl, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, self.causal)
                     fills += 1
                     cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
                 # ---- turn A: S = Q K^T, dA = dO V^T
@@ -381,7 +339,7 @@ class LazyAttentionDqSm90:
                 kst = k_state.index
                 vst = kv_state.index
                 warpgroup.fence()
-                self._turn_wait(wg)
+                turn_wait(wg, PINGPONG)
                 for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
                     cute.gemm(s_first if k == 0 else s_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, kst],
                               acc_S)
@@ -389,7 +347,7 @@ class LazyAttentionDqSm90:
                     cute.gemm(s_first if k == 0 else s_rest, acc_dA, tSrdO[None, None, k],
                               tSrK[None, None, k, vst], acc_dA)
                 warpgroup.commit_group()
-                self._turn_pass(wg)
+                turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)  # V's stage
                 kv_state.advance()
@@ -413,9 +371,7 @@ class LazyAttentionDqSm90:
                         mr = tScS_mn[r, 0][0]
                         m = m0 + mr
                         row_ok = m < lb
-                        one = lb == 1
-                        if cutlass.const_expr(self.causal):
-                            one = m == 0 or lb == 1
+                        one = one_key_row(m, lb, self.causal)
                         rs = cutlass.Float32(0.0)
                         ds_ = cutlass.Float32(0.0)
                         for c in cutlass.range_constexpr(n_cols):
@@ -442,13 +398,13 @@ class LazyAttentionDqSm90:
 
                 # ---- turn B: X += T K, Y += P K (B = K^T from K's stage)
                 warpgroup.fence()
-                self._turn_wait(wg)
+                turn_wait(wg, PINGPONG)
                 for k in cutlass.range_constexpr(cute.size(tXrT.shape[2])):
                     cute.gemm(xy_mma, acc_X, tXrT[None, None, k], tXrKt[None, None, k, kst], acc_X)
                 for k in cutlass.range_constexpr(cute.size(tXrP.shape[2])):
                     cute.gemm(xy_mma, acc_Y, tXrP[None, None, k], tXrKt[None, None, k, kst], acc_Y)
                 warpgroup.commit_group()
-                self._turn_pass(wg)
+                turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(k_state)  # K's stage
 
@@ -458,13 +414,13 @@ class LazyAttentionDqSm90:
 
             # ---------------- epilogue
             cX = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
-            tXcX_mn = self._mn_view(thr_xy.partition_C(cX))
-            acc_X_mn = self._mn_view(acc_X)
-            acc_Y_mn = self._mn_view(acc_Y)
+            tXcX_mn = acc_mn_view(thr_xy.partition_C(cX))
+            acc_X_mn = acc_mn_view(acc_X)
+            acc_Y_mn = acc_mn_view(acc_Y)
             lane = tidx % 4
             for r in cutlass.range_constexpr(n_rows):
-                rsum = self._quad(r_acc[r], lambda x, y: x + y)
-                dsum = self._quad(d_acc[r], lambda x, y: x + y)
+                rsum = quad_reduce(r_acc[r], lambda x, y: x + y)
+                dsum = quad_reduce(d_acc[r], lambda x, y: x + y)
                 m = m0 + tXcX_mn[r, 0][0]
                 ii = cutlass.Float32(cutlass.max(lb, 1))
                 if cutlass.const_expr(self.causal):
@@ -472,40 +428,17 @@ class LazyAttentionDqSm90:
                 if lane == 0 and m < LP:
                     mDelta[b, h, m] = dsum
                     mRdiv[b, h, m] = rsum / ii
-                one = lb == 1
-                if cutlass.const_expr(self.causal):
-                    one = m == 0 or lb == 1
+                one = one_key_row(m, lb, self.causal)
                 zero = m >= lb or (one and (dsum - dsum) == 0.0)
                 corr = dsum - d0[r]
                 for c in cutlass.range_constexpr(cute.size(acc_X_mn.shape[1])):
                     val = (acc_X_mn[r, c] - corr * acc_Y_mn[r, c]) * scale
                     acc_X_mn[r, c] = cutlass.Float32(0.0) if zero else val
-            rO = cute.make_fragment_like(acc_X, dt)
-            rO.store(acc_X.load().to(dt))
             # staged through this warpgroup's own half of sQ (its last wgmma reading it completed; when no tile
             # ran, the half was never loaded and nothing reads it)
-            sO = sQ[None, None, wg]
-            s_copy_O = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt), xy_mma)
-            thr_sO = s_copy_O.get_slice(wtid)
-            cute.copy(s_copy_O, thr_sO.retile(rO), thr_sO.partition_D(sO))
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=WG)
-            elems = 128 // dt.width
-            cols = 64 // elems
-            atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
-            gcopy_out = cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // cols, cols), stride=(cols, 1)),
-                                                cute.make_layout((1, elems)))
-            thr_out = gcopy_out.get_slice(wtid)
             gO = cute.local_tile(mdQ[b, h, None, None], (WM, D), (2 * mb + wg, 0))
-            tOsO = thr_out.partition_S(sO)
-            tOgO = thr_out.partition_D(gO)
-            tOc = thr_out.partition_D(cute.make_identity_tensor((WM, D)))
-            tOrO = cute.make_fragment_like(tOgO, dt)
-            cute.copy(gcopy_out, tOsO, tOrO)
-            m_half = m0 + WM * wg
-            for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
-                if m_half + tOc[0, r, 0][0] < LP:
-                    cute.copy(gcopy_out, tOrO[None, r, None], tOgO[None, r, None])
-
+            store_through_smem(xy_mma, acc_X, sQ[None, None, wg], gO, m0 + WM * wg, LP, wtid, EPILOGUE_BARRIER + wg, dt,
+                               WM, D, False)
 
 _DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
 

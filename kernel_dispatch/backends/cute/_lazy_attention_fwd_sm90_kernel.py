@@ -50,7 +50,7 @@ Synchronisation (which barrier guards which buffer):
   barrier 1 for a turn the other cannot take.
 - Named barriers 4 and 5 (epilogue, 128 threads: warpgroup w uses 4 + w): O goes registers -> the warpgroup's own
   half of sQ (free once its last wgmma completed; the other warpgroup never reads it) -> barrier -> 16-byte copies
-  to global memory for rows < L (SMEM_EPILOGUE; False stores element by element from registers).
+  to global memory for rows < L (``_tiles.store_through_smem``).
 - wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
   instructions; a wait_group retiring a GEMM's group before any register or buffer of that GEMM is read,
   rewritten or released.
@@ -59,7 +59,7 @@ Rules kept from the shipped kernel: query rows >= lengths[b] compute with q = 0 
 the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
 -inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
 arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
-Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_is_free``); on those
+Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_tiles.keys_free``); on those
 the consumers first fill a shared table of the tile's BM + BN - 1 diagonals (log2-domain bias, one entry per
 consumer thread) and read the bias from it per element (reading [H, W] from global memory per element instead made
 ptxas spill at D = 128: 64 loads in flight on top of the S, O and A registers).
@@ -78,6 +78,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
+from ._tiles import (LOG2E, ORDER_BARRIER, WG, acc_mn_view, fill_bias_table, keys_free, quad_reduce,
+                     store_through_smem, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -94,22 +96,17 @@ ARGS = {
     ]
 }
 
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 BM = 128  # query rows per CTA (two consumer warpgroups of WM)
 WM = 64  # query rows per consumer warpgroup
 BN = 128  # keys per tile
 STAGES = {64: 8, 128: 5}  # K/V ring depth per head dim (shared memory: Q + STAGES tiles of BN x D)
-WG = 128  # threads per warpgroup
 NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
 CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
-ORDER_BARRIER = 2  # ping-pong scheduler barriers 2 (warpgroup 0's turn) and 3 (warpgroup 1's turn)
 EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 threads), epilogue staging
-SMEM_EPILOGUE = True  # O through shared memory with 16-byte global stores (False: element stores from registers)
-PRINT_SHAPES = False  # print the partition shapes at compile time (debugging)
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
 # argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
@@ -172,20 +169,6 @@ class LazyAttentionFwdSm90:
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
-    def _mn_view(self, acc: cute.Tensor) -> cute.Tensor:
-        """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols): per thread, mode 0's
-        second sub-mode is the row (r, r + 8), the first and third the columns (c, c + 1; groups of 8)."""
-        cm = cute.make_layout(acc.layout.shape)
-        s0, d0 = cm.shape[0], cm.stride[0]
-        mn = cute.make_layout(((s0[1], cm.shape[1]), (s0[0], s0[2], cm.shape[2])),
-                              stride=((d0[1], cm.stride[1]), (d0[0], d0[2], cm.stride[2])))
-        return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-    def _quad(self, val, op):
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
-        return val
-
     @cute.jit
     def _lse_to_store(self, lse2):
         """The natural-log LSE for a row whose log2 log-sum-exp is lse2: rounded, then one ulp lower where the
@@ -202,31 +185,6 @@ class LazyAttentionFwdSm90:
         return cute.math.exp2(x, fastmath=fastmath)
 
     @cute.jit
-    def _is_free(self, m0, n0, lb, W):
-        """No entry of the tile [m0, m0 + BM) x [n0, n0 + BN) is masked or biased."""
-        inside = n0 + BN <= lb
-        below = n0 + BN - 1 <= m0 - W  # every distance m - n >= W (>= 1: every key is in the past)
-        if cutlass.const_expr(self.causal):
-            return inside and below
-        else:
-            above = n0 >= m0 + BM - 1 + W  # every distance n - m >= W
-            return inside and (below or above)
-
-    @cute.jit
-    def _fill_table(self, sT, ctid, m0, n0, W, mBias, h):
-        """sT[t] = log2-domain bias of the tile's diagonal t (distance m - n = m0 - n0 + t - (BN - 1)), 0 outside the
-        band (the masks are applied by :meth:`_scores`); one entry per consumer thread (BM + BN - 1 <= 256)."""
-        if ctid < BM + BN - 1:
-            d = m0 - n0 + ctid - (BN - 1)
-            a = d
-            if cutlass.const_expr(not self.causal):
-                a = cutlass.max(d, -d)
-            val = cutlass.Float32(0.0)
-            if a < W and a >= 0:
-                val = mBias[h, a] * LOG2E
-            sT[ctid] = val
-
-    @cute.jit
     def _scores(self, acc_mn, tScS_mn, sT, m0, n0, lb, sc2):
         """acc_mn (raw q.k) -> log2-domain scores with bias (from the table sT) and masks, in place. Masked entries
         are set to -inf by a select (never by adding -inf: a NaN product of a masked key must not reach its row)."""
@@ -240,19 +198,6 @@ class LazyAttentionFwdSm90:
                 if cutlass.const_expr(self.causal):
                     ok = key_ok and (n0 + j <= m0 + i)
                 acc_mn[r, c] = val if ok else -cutlass.Float32.inf
-
-    @cute.jit
-    def _turn_wait(self, wg):
-        """Ping-pong: wait until it is this warpgroup's turn to issue wgmma (bar.sync on its own scheduler barrier,
-        256 = its 128 threads + the other warpgroup's 128 arrivals)."""
-        if cutlass.const_expr(PINGPONG):
-            cute.arch.barrier(barrier_id=ORDER_BARRIER + wg, number_of_threads=2 * WG)
-
-    @cute.jit
-    def _turn_pass(self, wg):
-        """Ping-pong: hand the turn to the other warpgroup (bar.arrive on its scheduler barrier)."""
-        if cutlass.const_expr(PINGPONG):
-            cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
 
     @cute.jit
     def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage):
@@ -275,18 +220,18 @@ class LazyAttentionFwdSm90:
     def _issue_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage, wg):
         """One ping-pong turn issuing acc_S = Q_wg K(stage)^T as its own wgmma group; returns without waiting."""
         warpgroup.fence()
-        self._turn_wait(wg)
+        turn_wait(wg, PINGPONG)
         self._gemm_s(qk_first, qk_rest, acc_S, tSrQ, tSrK, stage)
         warpgroup.commit_group()
-        self._turn_pass(wg)
+        turn_pass(wg, PINGPONG)
 
     @cute.jit
     def _sweep1_tile(self, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum):
         """Bias table (non-free tiles) then :meth:`_sweep1_rows`; returns the updated count of table fills."""
-        free = self._is_free(m0, n0, lb, W)
+        free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
         tbl = sT[None, fills % 2]
         if not free:
-            self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+            fill_bias_table(tbl, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, self.causal)
             fills += 1
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
         self._sweep1_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum)
@@ -305,7 +250,7 @@ class LazyAttentionFwdSm90:
             self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2)
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
             row = acc_mn[r, None].load()
-            mx = self._quad(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
+            mx = quad_reduce(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
             prev = row_max[r]
             new = cute.arch.fmax(prev, mx)
             safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
@@ -411,11 +356,6 @@ class LazyAttentionFwdSm90:
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
 
-        if cutlass.const_expr(PRINT_SHAPES):
-            print("sQ", sQ.layout, "sK", sK.layout, "sV", sV.layout)
-            print("gQ", gQ.shape, "gK", gK.shape, "gV", gV.shape)
-            print("tQsQ", tQsQ.shape, "tQgQ", tQgQ.shape, "tKsK", tKsK.shape, "tKgK", tKgK.shape, "tVsV", tVsV.shape,
-                  "tVgV", tVgV.shape)
         if wg_idx == 0:
             # ============================ producer warpgroup: warp 0 issues the TMA loads
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
@@ -478,13 +418,10 @@ class LazyAttentionFwdSm90:
             # coordinates within the CTA's [BM, BN] / [BM, D] tiles (this warpgroup's rows: WM * wg + 0 .. WM - 1)
             cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
             cO = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
-            tScS_mn = self._mn_view(thr_qk.partition_C(cS))
-            if cutlass.const_expr(PRINT_SHAPES):
-                print("tSrQ", tSrQ.shape, "tSrK", tSrK.shape, "tOrV", tOrV.shape, "tOrP", tOrP.shape,
-                      "acc_O", acc_O.shape)
-            tOcO_mn = self._mn_view(thr_pv.partition_C(cO))
-            acc_S_mn = self._mn_view(acc_S)
-            acc_O_mn = self._mn_view(acc_O)
+            tScS_mn = acc_mn_view(thr_qk.partition_C(cS))
+            tOcO_mn = acc_mn_view(thr_pv.partition_C(cO))
+            acc_S_mn = acc_mn_view(acc_S)
+            acc_O_mn = acc_mn_view(acc_O)
             n_rows = cute.size(acc_S_mn.shape[0])
             n_cols = cute.size(acc_S_mn.shape[1])
 
@@ -525,20 +462,20 @@ class LazyAttentionFwdSm90:
                 acc_a = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
                 acc_b = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
                 warpgroup.fence()
-                self._turn_wait(wg)
+                turn_wait(wg, PINGPONG)
                 self._gemm_s(qk_mma, qk_rest, acc_a, tSrQ, tSrK, k_state.index)
                 warpgroup.commit_group()
                 self._gemm_s(qk_mma, qk_rest, acc_b, tSrQ, tSrK, kv_state.index)
                 warpgroup.commit_group()
-                self._turn_pass(wg)
+                turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)
                 kv_pipe.consumer_release(k_state)
-                fills = self._sweep1_tile(self._mn_view(acc_a), 2 * pair * BN, sT, fills, ctid, m0, lb, W, mBias,
+                fills = self._sweep1_tile(acc_mn_view(acc_a), 2 * pair * BN, sT, fills, ctid, m0, lb, W, mBias,
                                           h, tScS_mn, sc2, row_max, row_sum)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._sweep1_tile(self._mn_view(acc_b), (2 * pair + 1) * BN, sT, fills, ctid, m0, lb, W,
+                fills = self._sweep1_tile(acc_mn_view(acc_b), (2 * pair + 1) * BN, sT, fills, ctid, m0, lb, W,
                                           mBias, h, tScS_mn, sc2, row_max, row_sum)
             if n_blocks % 2 == 1:  # the last tile alone
                 kv_pipe.consumer_wait(kv_state)
@@ -551,7 +488,7 @@ class LazyAttentionFwdSm90:
             # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
             lane = tidx % 4
             for r in cutlass.range_constexpr(n_rows):
-                s = self._quad(row_sum[r], lambda x, y: x + y)
+                s = quad_reduce(row_sum[r], lambda x, y: x + y)
                 lse2[r] = row_max[r] + cute.math.log2(s, fastmath=False)
                 m = m0 + tOcO_mn[r, 0][0]
                 if lane == 0 and m < L:
@@ -572,11 +509,11 @@ class LazyAttentionFwdSm90:
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
                 tbl = sT[None, fills % 2]
-                if not self._is_free(m0, 0, lb, W):
-                    self._fill_table(tbl, ctid, m0, 0, W, mBias, h)
+                if not keys_free(m0, 0, lb, W, BM, BN, self.causal):
+                    fill_bias_table(tbl, ctid, BM + BN - 1, m0 - 0 - (BN - 1), W, mBias, h, self.causal)
                     fills += 1
                     cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-                self._sweep2_rows(acc_S_mn, self._is_free(m0, 0, lb, W), tScS_mn, tbl, m0, 0, lb, sc2, lse2, thr)
+                self._sweep2_rows(acc_S_mn, keys_free(m0, 0, lb, W, BM, BN, self.causal), tScS_mn, tbl, m0, 0, lb, sc2, lse2, thr)
                 tOrP_as_S.store(acc_S.load().to(dt))
             for nb in cutlass.range(1, n_blocks2, unroll=1):
                 n0 = nb * BN
@@ -586,18 +523,18 @@ class LazyAttentionFwdSm90:
                 kv_pipe.consumer_wait(kv_state)  # V(nb - 1) landed
                 self._zero_v_rows(sV, kv_state.index, n0 - BN, lb, L, ctid)
                 warpgroup.fence()
-                self._turn_wait(wg)
+                turn_wait(wg, PINGPONG)
                 self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, k_state.index)
                 warpgroup.commit_group()
                 self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
                 warpgroup.commit_group()
-                self._turn_pass(wg)
+                turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
                 kv_pipe.consumer_release(k_state)
-                free = self._is_free(m0, n0, lb, W)
+                free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
                 tbl = sT[None, fills % 2]
                 if not free:
-                    self._fill_table(tbl, ctid, m0, n0, W, mBias, h)
+                    fill_bias_table(tbl, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, self.causal)
                     fills += 1
                     cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
                 self._sweep2_rows(acc_S_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr)
@@ -609,10 +546,10 @@ class LazyAttentionFwdSm90:
                 kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
                 self._zero_v_rows(sV, kv_state.index, (n_blocks2 - 1) * BN, lb, L, ctid)
                 warpgroup.fence()
-                self._turn_wait(wg)
+                turn_wait(wg, PINGPONG)
                 self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
                 warpgroup.commit_group()
-                self._turn_pass(wg)
+                turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
@@ -625,43 +562,11 @@ class LazyAttentionFwdSm90:
                 m = m0 + tOcO_mn[r, 0][0]
                 if m >= lb:
                     acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
-            rO = cute.make_fragment_like(acc_O, dt)
-            rO.store(acc_O.load().to(dt))
-            if cutlass.const_expr(SMEM_EPILOGUE):
-                # staged through this warpgroup's own half of sQ: its last wgmma reading it completed above
-                # (wait_group(0)) and the other warpgroup never reads it; named barrier 4 + wg (this warpgroup's
-                # 128 threads) orders the register -> shared stores before the 16-byte shared -> global copies
-                sO = sQ[None, None, wg]
-                s_copy_O = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt), pv_mma)
-                thr_sO = s_copy_O.get_slice(wtid)
-                cute.copy(s_copy_O, thr_sO.retile(rO), thr_sO.partition_D(sO))
-                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=WG)
-                elems = 128 // dt.width
-                cols = 64 // elems  # threads along a 64-column swizzle atom row
-                atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
-                gcopy_out = cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // cols, cols), stride=(cols, 1)),
-                                                    cute.make_layout((1, elems)))
-                thr_out = gcopy_out.get_slice(wtid)
-                gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
-                tOsO = thr_out.partition_S(sO)
-                tOgO = thr_out.partition_D(gO)
-                tOc = thr_out.partition_D(cute.make_identity_tensor((WM, D)))
-                tOrO = cute.make_fragment_like(tOgO, dt)
-                cute.copy(gcopy_out, tOsO, tOrO)
-                m_half = m0 + WM * wg
-                if cutlass.const_expr(PRINT_SHAPES):
-                    print("tOsO", tOsO.shape, "tOgO", tOgO.shape, "tOc", tOc.shape, "sO", sO.layout)
-                for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
-                    if m_half + tOc[0, r, 0][0] < L:
-                        cute.copy(gcopy_out, tOrO[None, r, None], tOgO[None, r, None])
-            else:
-                rO_mn = self._mn_view(rO)
-                for r in cutlass.range_constexpr(n_rows):
-                    m = m0 + tOcO_mn[r, 0][0]
-                    if m < L:
-                        for c in cutlass.range_constexpr(cute.size(rO_mn.shape[1])):
-                            mO[b, h, m, tOcO_mn[0, c][1]] = rO_mn[r, c]
-
+            # staged through this warpgroup's own half of sQ: its last wgmma reading it completed above
+            # (wait_group(0)) and the other warpgroup never reads it
+            gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
+            store_through_smem(pv_mma, acc_O, sQ[None, None, wg], gO, m0 + WM * wg, L, wtid, EPILOGUE_BARRIER + wg, dt,
+                               WM, D, False)
 
 _DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
 

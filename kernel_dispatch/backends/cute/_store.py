@@ -30,15 +30,9 @@ from ._kernel_key import ARCH, KernelKey
 
 PACKAGE_DIR = Path(__file__).parent
 # which source files make each kernel (a change to any of them makes its stored build stale)
-_FWD, _BWD = ("_lazy_attention_fwd_kernel.py",), ("_lazy_attention_bwd_kernel.py",)
-_FWD_SM90 = ("_lazy_attention_fwd_sm90_kernel.py",)
-KERNEL_MODULES = {"fwd": "_lazy_attention_fwd_kernel", "dq": "_lazy_attention_bwd_kernel",
-                  "dkdv": "_lazy_attention_bwd_kernel", "fwd_sm90": "_lazy_attention_fwd_sm90_kernel",
-                  "dq_sm90": "_lazy_attention_dq_sm90_kernel"}
-KERNEL_SOURCES = {"fwd": _FWD, "dq": _BWD, "dkdv": _BWD, "fwd_sm90": _FWD_SM90,
-                  "dq_sm90": ("_lazy_attention_dq_sm90_kernel.py",)}
-# the kernels lazy_attention calls (a call's reasons name only these)
-USED_KERNELS = ("fwd_sm90", "dq_sm90", "dkdv")
+KERNEL_MODULES = {"fwd_sm90": "_lazy_attention_fwd_sm90_kernel", "dq_sm90": "_lazy_attention_dq_sm90_kernel",
+                  "dkdv_sm90": "_lazy_attention_dkdv_sm90_kernel"}
+KERNEL_SOURCES = {kernel: (f"{module}.py",) for kernel, module in KERNEL_MODULES.items()}
 COMMON_SOURCES = ("_kernel_key.py", "_tiles.py")
 BUILD_COMMAND = "python -m kernel_dispatch.backends.cute.build"
 

@@ -1,22 +1,57 @@
-"""Tile rules shared by the cute lazy attention kernels (forward and backward): register views of mma.sync
-accumulators, the quad reduction across the four lanes that hold one row, which tiles need no mask or bias, and
-which rows see exactly one key."""
+"""Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the (rows, cols) view of a wgmma accumulator, the
+quad reduction, the ping-pong turns, the bias table of a tile's diagonals, which tiles need no mask or bias, which
+rows see exactly one key, and the store of a warpgroup's fp32 accumulator through shared memory."""
 import cutlass
 import cutlass.cute as cute
 
+WG = 128  # threads per warpgroup
+LOG2E = 1.4426950408889634
+ORDER_BARRIER = 2  # named barriers 2 (consumer warpgroup 0's turn) and 3 (warpgroup 1's turn)
 
-def mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """An mma.sync accumulator fragment ((2, 2), MMA_M, MMA_N) viewed as (rows, cols) of this thread."""
+
+def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols) of this thread: mode 0's second
+    sub-mode is the row (r, r + 8), the first and third the columns (c, c + 1; groups of 8)."""
     cm = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[2])),
-                          stride=((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[2])))
+    s0, d0 = cm.shape[0], cm.stride[0]
+    mn = cute.make_layout(((s0[1], cm.shape[1]), (s0[0], s0[2], cm.shape[2])),
+                          stride=((d0[1], cm.stride[1]), (d0[0], d0[2], cm.stride[2])))
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
 
 def quad_reduce(val, op):
-    """``op`` over the four lanes of a quad (the lanes holding one accumulator row of an m16n8 tile)."""
+    """``op`` over the four lanes of a quad (the lanes holding one accumulator row)."""
     val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
     return op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
+
+
+@cute.jit
+def turn_wait(wg, enabled: cutlass.Constexpr):
+    """Ping-pong: wait until it is consumer warpgroup ``wg``'s turn to issue wgmma (bar.sync on its own barrier,
+    256 = its 128 threads + the other warpgroup's 128 arrivals)."""
+    if cutlass.const_expr(enabled):
+        cute.arch.barrier(barrier_id=ORDER_BARRIER + wg, number_of_threads=2 * WG)
+
+
+@cute.jit
+def turn_pass(wg, enabled: cutlass.Constexpr):
+    """Ping-pong: hand the turn to the other consumer warpgroup (bar.arrive on its barrier)."""
+    if cutlass.const_expr(enabled):
+        cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
+
+
+@cute.jit
+def fill_bias_table(tbl, t, entries: cutlass.Constexpr, d_first, W, mBias, h, causal: cutlass.Constexpr):
+    """Entry ``t`` (one per calling thread, t < entries) of a tile's bias table: the log2-domain bias at distance
+    m - n = d_first + t (|m - n| non-causal), 0 outside [0, W); the masks are the caller's."""
+    if t < entries:
+        a = d_first + t
+        if cutlass.const_expr(not causal):
+            a = cutlass.max(a, -a)
+        val = cutlass.Float32(0.0)
+        if a >= 0 and a < W:
+            val = mBias[h, a] * LOG2E
+        tbl[t] = val
 
 
 @cute.jit
@@ -42,3 +77,34 @@ def one_key_row(m, lb, causal: cutlass.Constexpr):
     if cutlass.const_expr(causal):
         one = m == 0 or lb == 1
     return one
+
+
+@cute.jit
+def store_through_smem(tiled_mma, acc, sO, gO, row0, row_end, wtid, bar_id, dtype: cutlass.Constexpr,
+                       rows: cutlass.Constexpr, cols_d: cutlass.Constexpr, reuse: cutlass.Constexpr):
+    """A warpgroup's fp32 accumulator ``acc`` (of ``tiled_mma``, a [rows, cols_d] tile) -> ``dtype`` -> ``sO`` (its
+    own swizzled [rows, cols_d] buffer, free) -> named barrier ``bar_id`` (the warpgroup's 128 threads) -> 16-byte
+    copies into ``gO`` of the rows whose position row0 + r is below ``row_end``. With ``reuse`` it returns after a
+    second barrier (the reads of sO done), so the caller may write sO again."""
+    rO = cute.make_fragment_like(acc, dtype)
+    rO.store(acc.load().to(dtype))
+    s_copy = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype), tiled_mma)
+    thr_s = s_copy.get_slice(wtid)
+    cute.copy(s_copy, thr_s.retile(rO), thr_s.partition_D(sO))
+    cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)
+    elems = 128 // dtype.width
+    lanes = 64 // elems  # threads along a 64-column swizzle atom row
+    atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    gcopy = cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // lanes, lanes), stride=(lanes, 1)),
+                                    cute.make_layout((1, elems)))
+    thr_o = gcopy.get_slice(wtid)
+    tsO = thr_o.partition_S(sO)
+    tgO = thr_o.partition_D(gO)
+    tc = thr_o.partition_D(cute.make_identity_tensor((rows, cols_d)))
+    tr = cute.make_fragment_like(tgO, dtype)
+    cute.copy(gcopy, tsO, tr)
+    for r in cutlass.range_constexpr(cute.size(tgO.shape[1])):
+        if row0 + tc[0, r, 0][0] < row_end:
+            cute.copy(gcopy, tr[None, r, None], tgO[None, r, None])
+    if cutlass.const_expr(reuse):
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)

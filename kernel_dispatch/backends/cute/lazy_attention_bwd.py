@@ -1,9 +1,9 @@
 """CuTe DSL lazy attention backward launcher (SPEC section 1); imports no DSL.
 
-Two kernels: ``dq_sm90`` (``_lazy_attention_dq_sm90_kernel``, query-major, one sweep: Delta, the dtau row terms
-Rdiv = (1/i) sum_n Mk dA and dQ, from the row constants D0 = rowsum(dO * O) computed here) then ``dkdv``
-(``_lazy_attention_bwd_kernel``, key-major: dK, dV summed over the GQA heads in a fixed order, and per-key-block
-dbias partials). dbias and dtau are fixed-order float64 sums of those partials here, so every output is bitwise
+Two Hopper kernels: ``dq_sm90`` (``_lazy_attention_dq_sm90_kernel``, query-major, one sweep: Delta, the dtau row terms
+Rdiv = (1/i) sum_n Mk dA and dQ, from the row constants D0 = rowsum(dO * O) computed here) then ``dkdv_sm90``
+(``_lazy_attention_dkdv_sm90_kernel``, key-major: dK, dV summed over the GQA heads in a fixed order, and per-64-key
+block dbias partials). dbias and dtau are fixed-order float64 sums of those partials here, so every output is bitwise
 reproducible (no atomics).
 
 The kernels read rows in whole 64-row tiles: when L is not a multiple of 64, or lengths are given, q, k, v, dO are
@@ -19,7 +19,8 @@ def _rows(t: torch.Tensor, dtype, L: int, LP: int, pad_mask) -> torch.Tensor:
     """``t`` [B, X, L, D] as a contiguous [B, X, LP, D] of ``dtype``, rows >= L and masked positions zero."""
     t = t.to(dtype)
     if LP == L and pad_mask is None:
-        return t.contiguous()
+        t = t.contiguous()
+        return t if t.data_ptr() % 16 == 0 else t.clone()  # TMA needs a 16-byte aligned base
     out = torch.zeros(t.shape[0], t.shape[1], LP, t.shape[3], dtype=dtype, device=t.device)
     out[:, :, :L] = t
     if pad_mask is not None:
@@ -44,7 +45,7 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
         lens = lengths.to(device=dev, dtype=torch.int32).contiguous()
         pad_mask = torch.arange(LP, device=dev)[None, :] >= lens[:, None]
     qp, kp, vp, dop = (_rows(t, dt, L, LP, pad_mask) for t in (q, k, v, do))
-    if LP == L and lse.dtype == torch.float32 and lse.is_contiguous():
+    if LP == L and lse.dtype == torch.float32 and lse.is_contiguous() and lse.data_ptr() % 16 == 0:  # TMA loads it
         lse_p = lse
     else:
         lse_p = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)
@@ -62,7 +63,7 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
     d0 = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)  # any row constant is exact; this one is near Delta
     d0[..., :L] = (do.to(dt) * o.to(dt)).sum(-1, dtype=torch.float32)
     kernel("dq_sm90")(qp, kp, vp, dop, lse_p, d0, bias32, tau32, lens, dq, delta, rdiv, s)
-    kernel("dkdv")(qp, kp, vp, dop, lse_p, delta, bias32, tau32, lens, dk, dv, partial, int(L), s)
+    kernel("dkdv_sm90")(qp, kp, vp, dop, lse_p, delta, bias32, tau32, lens, dk, dv, partial, int(L), s)
     full = partial.sum((0, 2), dtype=torch.float64)  # [H, 2 WP - 1], index = signed distance + WP - 1
     dbias = full[:, WP - 1:].clone()
     if not causal and WP > 1:

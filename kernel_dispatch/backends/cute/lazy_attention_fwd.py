@@ -1,13 +1,13 @@
 """CuTe DSL lazy attention forward launcher (SPEC section 1); imports no DSL.
 
-``kernel(short_name)`` gives the loaded TVM FFI function of ``_lazy_attention_fwd_kernel`` (KERNELS = ("fwd",)) for
+``kernel(short_name)`` gives the loaded TVM FFI function of ``_lazy_attention_fwd_sm90_kernel`` ("fwd_sm90") for
 the current (head dim, dtype, causal); it runs on torch's current stream (the TVM FFI environment stream).
 """
 import torch
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous with a 16-byte aligned base (the kernel's 128-bit copies assume it)."""
+    """Contiguous with a 16-byte aligned base (TMA and the kernel's 128-bit stores need it)."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
 

@@ -1,0 +1,50 @@
+"""The cute kernels' first GPU check, in a child process with a time limit.
+
+The cute kernels are warp-specialised (a TMA producer warp, consumer warpgroups taking turns through named barriers,
+mbarrier pipelines): a synchronisation bug hangs the GPU instead of failing an assertion. This test runs one forward
+and backward per head dim and mask through ``backend="cute"`` in a child process that is killed after 120 s, so a
+hang fails here and the numerics are left to the equivalence matrix (tests/test_equivalence.py). Run it first:
+
+    pytest -m gpu tests/test_cute_hang_guard_gpu.py && pytest -m "gpu or not gpu" tests/test_equivalence.py -k cute
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernel_dispatch import registry
+
+pytestmark = pytest.mark.gpu
+
+CHILD = """
+import torch, kernel_dispatch as kd
+for D in (64, 128):
+    for causal in (True, False):
+        g = torch.Generator(device="cuda").manual_seed(D)
+        q, k, v = (torch.randn(2, h, 300, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+                   for h in (4, 2, 2))
+        bias = torch.zeros(4, 40, device="cuda", requires_grad=True)
+        tau = torch.full((4,), -1.0, device="cuda", requires_grad=True)
+        lengths = torch.tensor([300, 201], device="cuda")
+        o = kd.lazy_attention(q, k, v, bias, tau, causal=causal, lengths=lengths, backend="cute")
+        o.float().square().sum().backward()
+        grads = (q.grad, k.grad, v.grad, bias.grad, tau.grad)
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(t).all() for t in (o, *grads)), (D, causal)
+print("done")
+"""
+
+
+def test_forward_and_backward_finish_within_a_time_limit():
+    meta = dict(device="cuda", dtype=torch.bfloat16, head_dim=128, causal=True)
+    reasons = registry.why_not("lazy_attention", "cute", meta)
+    if reasons:
+        pytest.skip(f"cute cannot run lazy_attention here: {'; '.join(reasons)}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, cwd=root)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the cute kernels did not finish within 120 s: a pipeline or barrier wait that never completes")
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-4000:]
