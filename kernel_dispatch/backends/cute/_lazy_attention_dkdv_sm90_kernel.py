@@ -1,9 +1,6 @@
 """CuTe DSL kernel: the key-major half of the lazy attention backward (SPEC section 1), dK, dV and the dbias
-partials, on Hopper's own machinery (TMA, wgmma, warp specialisation). Same arguments and outputs as the shipped
-``dkdv`` kernel of ``_lazy_attention_bwd_kernel`` (ARGS order kept; Partial keeps its 64-key blocks: KEY_BLOCK), so
-the launcher only changes the kernel's name. Checked on an H100 (tests/test_cute_dkdv_sm90_gpu.py): 44 cases against
-golden float64 next to the shipped kernel, bitwise reruns; B=4 H=16 L=4096 bf16 causal W=512: 1.19 ms at D=128
-(shipped dkdv 2.20 ms), 0.90 ms at D=64 (1.46 ms).
+partials, on Hopper's own machinery (TMA, wgmma, warp specialisation). B=4 H=16 L=4096 bf16 causal W=512 on an
+H100: 1.19 ms at D=128, 0.90 ms at D=64 (the SM80-style kernel it replaced: 2.20 and 1.46 ms; docs/cute-backend.md).
 
 One CTA per (key block of BN = 128 keys, kv head, batch), three warpgroups (384 threads):
 
@@ -50,11 +47,11 @@ Synchronisation:
 - wgmma: warpgroup.fence() before every GEMM whose register operands were written by ordinary instructions;
   commit_group + wait_group before any register or buffer of that GEMM is read, rewritten or released.
 
-Rules kept from the shipped kernel: keys and rows >= lengths[b] masked (the launcher zero-fills their q, k, v, dO
+Rules: keys and rows >= lengths[b] masked (the launcher zero-fills their q, k, v, dO
 rows, so their products are finite); rows with one visible key (causal row 0, or lengths[b] == 1) get P = 1 exactly;
 mask-free tiles (every row and key valid, every distance >= W or, non-causal, <= -W) skip the index work.
-Difference: the causal threshold tau / i is tau * rcp.approx(i) here (the shipped dkdv divides, the shipped dq
-multiplies by 1 / i): the mask Mk = [P + tau / i > 0] can differ only where P + tau / i is within an ulp of 0.
+The causal threshold tau / i is tau * rcp.approx(i) here (the forward divides, dq_sm90 multiplies by 1 / i): the
+mask Mk = [P + tau / i > 0] can differ between them only where P + tau / i is within an ulp of 0.
 
 Layout (the launcher pads rows to LP, a multiple of ROW_MULTIPLE = 64, with zeros): Q, dO [B, H, LP, D];
 K, V, dK, dV [B, Hkv, LP, D] (contiguous, fp16 or bf16, 16-byte aligned); LSE, Delta [B, H, LP] fp32 (16-byte

@@ -1,6 +1,5 @@
 """CuTe DSL kernel: the lazy attention backward's query-major half (SPEC section 1) on Hopper's own machinery (TMA,
-wgmma, warp specialisation): dQ, Delta and the dtau rows Rdiv, the outputs of the shipped ``dq`` kernel
-(``_lazy_attention_bwd_kernel``), in ONE sweep over the keys instead of two.
+wgmma, warp specialisation): dQ, Delta and the dtau rows Rdiv, in ONE sweep over the keys.
 
 The one-sweep form (as the TileLang ``_lazy_attention_dq_delta_kernel``): for any row constant D0,
 dQ_m = scale * (sum_n P (Mk dA - D0) k_n - (Delta - D0) sum_n P k_n), so one sweep accumulates per query row
@@ -10,7 +9,7 @@ dQ_m = scale * (sum_n P (Mk dA - D0) k_n - (Delta - D0) sum_n P k_n), so one swe
 and ends with dQ = scale (X - (Delta - D0) Y), Rdiv = R / i. D0 = rowsum(dO * O) (O the forward output in q's
 dtype, computed by the launcher in fp32); a non-finite D0 is replaced by 0 (any constant is exact). Rows that see
 exactly one key (causal row 0, or lengths[b] == 1) have dS = 0 exactly: their dQ is stored as 0 (unless Delta is
-not finite), and their P is 1 exactly (the shipped kernel's rule). Per tile: 4 GEMMs (S = Q K^T, dA = dO V^T,
+not finite), and their P is 1 exactly (``_tiles.one_key_row``). Per tile: 4 GEMMs (S = Q K^T, dA = dO V^T,
 X += T K, Y += P K) and one exponential pass.
 
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):

@@ -1,6 +1,5 @@
 """CuTe DSL kernel: the lazy attention forward (SPEC section 1) on Hopper's own machinery (TMA, wgmma, warp
-specialisation). Same arguments, outputs and LSE residual as ``_lazy_attention_fwd_kernel`` ("fwd"); the cute
-backend's forward.
+specialisation): the cute backend's forward; O and the natural-log LSE, the residuals every backend saves.
 
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
 
@@ -13,7 +12,7 @@ One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 t
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
   (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMM runs on the tensor cores
   while the other computes its exponentials.
-  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (stored as the shipped kernel does); two key
+  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (``_lse_to_store``); two key
   tiles per turn (two commit groups), so tile 2p + 1's score GEMM runs under tile 2p's exponentials;
   sweep 2: P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation); one turn
   issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's exponentials run under the
@@ -55,7 +54,7 @@ Synchronisation (which barrier guards which buffer):
   instructions; a wait_group retiring a GEMM's group before any register or buffer of that GEMM is read,
   rewritten or released.
 
-Rules kept from the shipped kernel: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-exp of
+Rules: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-exp of
 the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
 -inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
 arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
@@ -172,7 +171,7 @@ class LazyAttentionFwdSm90:
     @cute.jit
     def _lse_to_store(self, lse2):
         """The natural-log LSE for a row whose log2 log-sum-exp is lse2: rounded, then one ulp lower where the
-        backward's recovery round(LSE * log2 e) would exceed lse2 (as the shipped forward stores it)."""
+        backward's recovery round(LSE * log2 e) would exceed lse2 (the backward recomputes P against the stored LSE)."""
         lse = lse2 * LN2
         bits = cutlass.Int32(llvm.bitcast(cutlass.Int32.mlir_type, lse.ir_value()))
         step = cutlass.Int32(-1) if lse > 0.0 else cutlass.Int32(1)
