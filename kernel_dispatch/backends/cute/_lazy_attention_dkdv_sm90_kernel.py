@@ -60,8 +60,6 @@ zero-initialised. The grid covers ceil(LP / 128) key blocks; a second half past 
 out-of-bounds fill) and stores nothing.
 """
 
-import time
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -70,7 +68,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import LOG2E, WG, acc_mn_view, fill_bias_table, one_key_row, store_through_smem
+from ._tiles import (DSL_DTYPES, LOG2E, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows, one_key_row,
+                     store_through_smem, struct_bytes, thread_roles, tile_bias_table)
 
 KERNELS = ("dkdv_sm90",)
 ARGS = {
@@ -98,12 +97,8 @@ TABLE = 128  # entries of one bias-by-diagonal table (BM + WN - 1 used)
 WG_BARRIER = 1  # named barriers 1 and 2: one per consumer warpgroup (128 threads)
 
 
-class LazyAttentionDkdvSm90:
-    def __init__(self, head_dim: int, dtype, causal: bool):
-        self.D = head_dim
-        self.dtype = dtype
-        self.causal = causal
-        self.stages = STAGES[head_dim]
+class LazyAttentionDkdvSm90(HopperKernel):
+    STAGES = STAGES
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -202,10 +197,8 @@ class LazyAttentionDkdvSm90:
                sVec_layout: cute.Layout, sDsb_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         D = self.D
         dt = self.dtype
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx, warp_idx, wg_idx = thread_roles()
         kb, hk, b = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // WG)
 
         LP = mdK.shape[2]
         H = tma_q_t.shape[2]
@@ -379,11 +372,9 @@ class LazyAttentionDkdvSm90:
                         cute.gemm(s_first if k == 0 else s_rest, acc_P, tSrV[None, None, k],
                                   tSrdO[None, None, k, s], acc_P)
                     warpgroup.commit_group()
-                    tbl = sT[None, fills % 2, wg]
-                    if not free:  # bias table of the tile's diagonals, while the GEMMs run
-                        fill_bias_table(tbl, wtid, BM + WN - 1, dlo, W, mBias, h, self.causal)
-                        fills += 1
-                        cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)
+                    # bias table of the tile's diagonals, while the GEMMs run
+                    tbl, fills = tile_bias_table(sT[None, None, wg], fills, not free, wtid, BM + WN - 1, dlo, W, mBias,
+                                                 h, self.causal, bar_id, WG)
                     # dbias partials of a band tile (some |m - n| < WP; always non-free, so the table barrier above
                     # ordered the previous read-modify-writes): thread x < 127 owns diagonal x; its Partial entry is
                     # read now, its latency under the GEMMs
@@ -517,28 +508,18 @@ class LazyAttentionDkdvSm90:
             store_through_smem(kv_mma, acc_dV, sV[None, None, wg], gdV, blk * WN, LP, wtid, bar_id, dt, WN, D, True)
 
 
-_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
-
-
 def fake_args(key: KernelKey):
     """Fake tensors (B, H, Hkv, LP, W and Partial's sizes runtime; LP a multiple of 64) and scalars in ARGS order,
     plus the env stream."""
-    dt = getattr(cutlass, _DTYPES[key.dtype])
-    D = key.head_dim
+    dt, D = DSL_DTYPES[key.dtype], key.head_dim
     B, H, Hkv, W, NKB, WP2 = (cute.sym_int() for _ in range(6))
     LP = cute.sym_int(divisibility=ROW_MULTIPLE)
-    rows = (3, 2, 1, 0)
-
-    def t(dtype, shape, order, align=16):
-        return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
-
-    q = t(dt, (B, H, LP, D), rows)
-    kv = t(dt, (B, Hkv, LP, D), rows)
-    vec = t(cutlass.Float32, (B, H, LP), (2, 1, 0), 16)
-    bias = t(cutlass.Float32, (H, W), (1, 0), 4)
-    tau = t(cutlass.Float32, (H,), (0,), 4)
-    lens = t(cutlass.Int32, (B,), (0,), 4)
-    part = t(cutlass.Float32, (B, H, NKB, WP2), (3, 2, 1, 0), 4)
+    q = fake_rows(dt, (B, H, LP, D))
+    kv = fake_rows(dt, (B, Hkv, LP, D))
+    vec = fake_rows(cutlass.Float32, (B, H, LP))  # 16-byte aligned: TMA
+    bias, tau = fake_rows(cutlass.Float32, (H, W), 4), fake_rows(cutlass.Float32, (H,), 4)
+    lens = fake_rows(cutlass.Int32, (B,), 4)
+    part = fake_rows(cutlass.Float32, (B, H, NKB, WP2), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return [q, kv, kv, q, vec, vec, bias, tau, lens, kv, kv, part, cutlass.Int32(1), cutlass.Float32(1.0), stream]
 
@@ -547,30 +528,13 @@ def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): mbarriers, K and V [BN, D], STAGES Q and dO tiles [BM, D]
     (each 1024-byte aligned), the dS^T tiles in dtype (DS_SMEM), STAGES LSE and Delta vectors, the bias tables, the
     dS staging [2, WN, BM] fp32; the DSL adds 1024 bytes of static shared memory on top."""
-    D, el, off = key.head_dim, 2, 0
-    stages = STAGES[D]
-    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BN * D * el, 1024), (BN * D * el, 1024),
-                        (BM * D * el * stages, 1024), (BM * D * el * stages, 1024),
-                        (2 * WN * BM * el if DS_SMEM[D] else 8 * el, 1024), (BM * stages * 4, 128),
-                        (BM * stages * 4, 128), (4 * TABLE * 4, 16), (2 * WN * DS_STRIDE * 4, 16)):
-        off = -(-off // align) * align + size
-    return -(-off // 1024) * 1024  # the struct's size is a multiple of its largest alignment
+    D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
+    return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BN * D * el, 1024), (BN * D * el, 1024),
+                         (BM * D * el * stages, 1024), (BM * D * el * stages, 1024),
+                         (2 * WN * BM * el if DS_SMEM[D] else 8 * el, 1024), (BM * stages * 4, 128),
+                         (BM * stages * 4, 128), (4 * TABLE * 4, 16), (2 * WN * DS_STRIDE * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):
     """The compiled TVM FFI function for ``key`` (``key.kernel`` must be ``"dkdv_sm90"``)."""
-    if key.kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {key.kernel!r}; this module has {KERNELS}")
-    dt = getattr(cutlass, _DTYPES[key.dtype])
-    op = LazyAttentionDkdvSm90(key.head_dim, dt, key.causal)
-    return cute.compile(op, *fake_args(key), options=options)
-
-
-if __name__ == "__main__":
-    import sys
-
-    for spec in sys.argv[1:] or ["128:bfloat16:1"]:
-        d, t, c = spec.split(":")
-        t0 = time.perf_counter()
-        compile(KernelKey("dkdv_sm90", int(d), t, bool(int(c))))
-        print(spec, f"{time.perf_counter() - t0:.1f}s")
+    return compile_kernel(LazyAttentionDkdvSm90, KERNELS, fake_args, key, options)

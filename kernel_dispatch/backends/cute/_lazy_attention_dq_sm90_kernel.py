@@ -46,8 +46,6 @@ Layout (contiguous): Q, dO, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LS
 Bias [H, W], Tau [H] fp32; Lens [B] int32. B, H, Hkv, LP, W are runtime values; D, dtype and causal compiled in.
 """
 
-import time
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -55,8 +53,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (LOG2E, ORDER_BARRIER, WG, acc_mn_view, fill_bias_table, one_key_row, quad_reduce,
-                     store_through_smem, turn_pass, turn_wait)
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
+                     one_key_row, quad_reduce, query_block, store_through_smem, struct_bytes, thread_roles,
+                     tile_bias_table, turn_pass, turn_wait)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -92,12 +91,8 @@ EPILOGUE_BARRIER = 4  # 4 and 5
 PINGPONG = True
 
 
-class LazyAttentionDqSm90:
-    def __init__(self, head_dim: int, dtype, causal: bool):
-        self.D = head_dim
-        self.dtype = dtype
-        self.causal = causal
-        self.stages = STAGES[head_dim]
+class LazyAttentionDqSm90(HopperKernel):
+    STAGES = STAGES
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -174,26 +169,15 @@ class LazyAttentionDqSm90:
                SharedStorage: cutlass.Constexpr):
         D = self.D
         dt = self.dtype
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx, warp_idx, wg_idx = thread_roles()
         bx, h, b = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // WG)
 
         LP = mdQ.shape[2]
         H = mdQ.shape[1]
         Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
         hk = h // (H // Hkv)
-        n_mblocks = (LP + BM - 1) // BM
-        mb = bx
-        if cutlass.const_expr(self.causal):
-            mb = n_mblocks - 1 - bx  # longest rows first
-        m0 = mb * BM
-        lb = cutlass.min(mLens[b], LP)
-        key_end = lb
-        if cutlass.const_expr(self.causal):
-            key_end = cutlass.min(m0 + BM, lb)
-        n_blocks = (key_end + BN - 1) // BN
+        mb, m0, lb, n_blocks = query_block(bx, LP, mLens[b], BM, BN, self.causal)
         if m0 >= lb:
             n_blocks = 0
 
@@ -325,11 +309,8 @@ class LazyAttentionDqSm90:
             for nb in cutlass.range(n_blocks, unroll=1):
                 n0 = nb * BN
                 free = self._is_free(m0, n0, lb, W)
-                tbl = sT[None, fills % 2]
-                if not free:
-                    fill_bias_table(tbl, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, self.causal)
-                    fills += 1
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+                tbl, fills = tile_bias_table(sT, fills, not free, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h,
+                                             self.causal, CONSUMER_BARRIER, 2 * WG)
                 # ---- turn A: S = Q K^T, dA = dO V^T
                 k_state = kv_state.clone()
                 kv_pipe.consumer_wait(kv_state)  # K(nb)
@@ -439,25 +420,15 @@ class LazyAttentionDqSm90:
             store_through_smem(xy_mma, acc_X, sQ[None, None, wg], gO, m0 + WM * wg, LP, wtid, EPILOGUE_BARRIER + wg, dt,
                                WM, D, False)
 
-_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
-
-
 def fake_args(key: KernelKey):
     """Fake tensors (B, H, Hkv, LP, W runtime) and scalars in ARGS order, plus the env stream."""
-    dt = getattr(cutlass, _DTYPES[key.dtype])
-    D = key.head_dim
+    dt, D = DSL_DTYPES[key.dtype], key.head_dim
     B, H, Hkv, LP, W = (cute.sym_int() for _ in range(5))
-    rows = (3, 2, 1, 0)
-
-    def t(d, shape, order, align):
-        return cute.runtime.make_fake_compact_tensor(d, shape, stride_order=order, assumed_align=align)
-
-    q = t(dt, (B, H, LP, D), rows, 16)
-    kv = t(dt, (B, Hkv, LP, D), rows, 16)
-    vec = t(cutlass.Float32, (B, H, LP), (2, 1, 0), 4)
-    bias = t(cutlass.Float32, (H, W), (1, 0), 4)
-    tau = t(cutlass.Float32, (H,), (0,), 4)
-    lens = t(cutlass.Int32, (B,), (0,), 4)
+    q = fake_rows(dt, (B, H, LP, D))
+    kv = fake_rows(dt, (B, Hkv, LP, D))
+    vec = fake_rows(cutlass.Float32, (B, H, LP), 4)
+    bias, tau = fake_rows(cutlass.Float32, (H, W), 4), fake_rows(cutlass.Float32, (H,), 4)
+    lens = fake_rows(cutlass.Int32, (B,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return [q, kv, kv, q, vec, vec, bias, tau, lens, q, vec, vec, cutlass.Float32(1.0), stream]
 
@@ -465,28 +436,11 @@ def fake_args(key: KernelKey):
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): mbarriers, Q and dO [BM, D], STAGES tiles [BN, D] (each
     1024-byte aligned), two fp32 bias tables."""
-    D, el, off = key.head_dim, 2, 0
-    stages = STAGES[D]
-    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BM * D * el, 1024),
-                        (BN * D * el * stages, 1024), (2 * TABLE * 4, 16)):
-        off = -(-off // align) * align + size
-    return off
+    D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
+    return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BM * D * el, 1024),
+                         (BN * D * el * stages, 1024), (2 * TABLE * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):
     """The compiled TVM FFI function for ``key`` (``key.kernel`` must be ``"dq_sm90"``)."""
-    if key.kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {key.kernel!r}; this module has {KERNELS}")
-    dt = getattr(cutlass, _DTYPES[key.dtype])
-    op = LazyAttentionDqSm90(key.head_dim, dt, key.causal)
-    return cute.compile(op, *fake_args(key), options=options)
-
-
-if __name__ == "__main__":
-    import sys
-
-    for spec in sys.argv[1:] or ["128:bfloat16:1"]:
-        d, t, c = spec.split(":")
-        t0 = time.perf_counter()
-        compile(KernelKey("dq_sm90", int(d), t, bool(int(c))))
-        print(spec, f"{time.perf_counter() - t0:.1f}s")
+    return compile_kernel(LazyAttentionDqSm90, KERNELS, fake_args, key, options)

@@ -5,7 +5,8 @@ One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 t
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q once into sQ as
   two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key tiles
-  [BN, D] into a ring of STAGES buffers (the KV pipeline), in the order below. A K tile and a V tile have the same byte size, so they share one ring (a V stage is the same bytes
+  [BN, D] into a ring of STAGES buffers (the KV pipeline), in the order below. A K tile and a V tile have the
+  same byte size, so they share one ring (a V stage is the same bytes
   seen through V's MN-major swizzled layout).
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
   wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
@@ -58,16 +59,14 @@ Rules: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-
 the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
 -inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
 arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
-Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_tiles.keys_free``); on those
-the consumers first fill a shared table of the tile's BM + BN - 1 diagonals (log2-domain bias, one entry per
+Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_tiles.keys_free``); on
+those the consumers first fill a shared table of the tile's BM + BN - 1 diagonals (log2-domain bias, one entry per
 consumer thread) and read the bias from it per element (reading [H, W] from global memory per element instead made
 ptxas spill at D = 128: 64 loads in flight on top of the S, O and A registers).
 
 Layout (all contiguous): Q, O [B, H, L, D]; K, V [B, Hkv, L, D] fp16/bf16; Bias [H, W], Tau [H] fp32; Lens [B]
 int32; LSE [B, H, L] fp32. B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
 """
-
-import time
 
 import cutlass
 import cutlass.cute as cute
@@ -77,8 +76,9 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (LOG2E, ORDER_BARRIER, WG, acc_mn_view, fill_bias_table, keys_free, quad_reduce,
-                     store_through_smem, turn_pass, turn_wait)
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
+                     keys_free, query_block, quad_reduce, store_through_smem, struct_bytes, thread_roles,
+                     tile_bias_table, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -113,12 +113,8 @@ PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
 ABLATE = ""
 
 
-class LazyAttentionFwdSm90:
-    def __init__(self, head_dim: int, dtype, causal: bool):
-        self.D = head_dim
-        self.dtype = dtype
-        self.causal = causal
-        self.stages = STAGES[head_dim]
+class LazyAttentionFwdSm90(HopperKernel):
+    STAGES = STAGES
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -225,15 +221,16 @@ class LazyAttentionFwdSm90:
         turn_pass(wg, PINGPONG)
 
     @cute.jit
-    def _sweep1_tile(self, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum):
-        """Bias table (non-free tiles) then :meth:`_sweep1_rows`; returns the updated count of table fills."""
+    def _tile(self, second: cutlass.Constexpr, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, x, y):
+        """Bias table (non-free tiles), then sweep 1's row statistics (x, y: row max, row sum; :meth:`_sweep1_rows`)
+        or, ``second``, sweep 2's A (x, y: lse2, tau / i; :meth:`_sweep2_rows`); returns the updated count of fills."""
         free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
-        tbl = sT[None, fills % 2]
-        if not free:
-            fill_bias_table(tbl, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, self.causal)
-            fills += 1
-            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)  # table written
-        self._sweep1_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum)
+        tbl, fills = tile_bias_table(sT, fills, not free, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h,
+                                     self.causal, CONSUMER_BARRIER, 2 * WG)
+        if cutlass.const_expr(second):
+            self._sweep2_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
+        else:
+            self._sweep1_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
         return fills
 
     @cute.jit
@@ -303,26 +300,15 @@ class LazyAttentionFwdSm90:
                sV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         D = self.D
         dt = self.dtype
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx, warp_idx, wg_idx = thread_roles()
         bx, h, b = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // WG)
 
         L = mO.shape[2]
         H = mO.shape[1]
         Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
         hk = h // (H // Hkv)
-        n_mblocks = (L + BM - 1) // BM
-        mb = bx
-        if cutlass.const_expr(self.causal):
-            mb = n_mblocks - 1 - bx  # longest rows first
-        m0 = mb * BM
-        lb = cutlass.min(mLens[b], L)
-        key_end = lb
-        if cutlass.const_expr(self.causal):
-            key_end = cutlass.min(m0 + BM, lb)
-        n_blocks = (key_end + BN - 1) // BN  # key tiles of sweep 1 (and of sweep 2 when some row is valid)
+        mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)  # key tiles of sweep 1
         n_blocks2 = n_blocks if m0 < lb else 0
 
         smem = cutlass.memory.SmemAllocator()
@@ -469,21 +455,21 @@ class LazyAttentionFwdSm90:
                 turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)
                 kv_pipe.consumer_release(k_state)
-                fills = self._sweep1_tile(acc_mn_view(acc_a), 2 * pair * BN, sT, fills, ctid, m0, lb, W, mBias,
-                                          h, tScS_mn, sc2, row_max, row_sum)
+                fills = self._tile(False, acc_mn_view(acc_a), 2 * pair * BN, sT, fills, ctid, m0, lb, W, mBias, h,
+                                   tScS_mn, sc2, row_max, row_sum)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._sweep1_tile(acc_mn_view(acc_b), (2 * pair + 1) * BN, sT, fills, ctid, m0, lb, W,
-                                          mBias, h, tScS_mn, sc2, row_max, row_sum)
+                fills = self._tile(False, acc_mn_view(acc_b), (2 * pair + 1) * BN, sT, fills, ctid, m0, lb, W,
+                                   mBias, h, tScS_mn, sc2, row_max, row_sum)
             if n_blocks % 2 == 1:  # the last tile alone
                 kv_pipe.consumer_wait(kv_state)
                 self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._sweep1_tile(acc_S_mn, (n_blocks - 1) * BN, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn,
-                                          sc2, row_max, row_sum)
+                fills = self._tile(False, acc_S_mn, (n_blocks - 1) * BN, sT, fills, ctid, m0, lb, W, mBias, h,
+                                   tScS_mn, sc2, row_max, row_sum)
             # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
             lane = tidx % 4
             for r in cutlass.range_constexpr(n_rows):
@@ -507,12 +493,7 @@ class LazyAttentionFwdSm90:
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                tbl = sT[None, fills % 2]
-                if not keys_free(m0, 0, lb, W, BM, BN, self.causal):
-                    fill_bias_table(tbl, ctid, BM + BN - 1, m0 - 0 - (BN - 1), W, mBias, h, self.causal)
-                    fills += 1
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-                self._sweep2_rows(acc_S_mn, keys_free(m0, 0, lb, W, BM, BN, self.causal), tScS_mn, tbl, m0, 0, lb, sc2, lse2, thr)
+                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr)
                 tOrP_as_S.store(acc_S.load().to(dt))
             for nb in cutlass.range(1, n_blocks2, unroll=1):
                 n0 = nb * BN
@@ -530,13 +511,7 @@ class LazyAttentionFwdSm90:
                 turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
                 kv_pipe.consumer_release(k_state)
-                free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
-                tbl = sT[None, fills % 2]
-                if not free:
-                    fill_bias_table(tbl, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, self.causal)
-                    fills += 1
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-                self._sweep2_rows(acc_S_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr)
+                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr)
                 warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
@@ -567,52 +542,24 @@ class LazyAttentionFwdSm90:
             store_through_smem(pv_mma, acc_O, sQ[None, None, wg], gO, m0 + WM * wg, L, wtid, EPILOGUE_BARRIER + wg, dt,
                                WM, D, False)
 
-_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
-
-
 def fake_args(key: KernelKey):
     """Fake tensors (B, H, Hkv, L, W runtime) and scalars in ARGS order, plus the env stream."""
-    dt = getattr(cutlass, _DTYPES[key.dtype])
-    D = key.head_dim
+    dt, D = DSL_DTYPES[key.dtype], key.head_dim
     B, H, Hkv, L, W = (cute.sym_int() for _ in range(5))
-    rows = (3, 2, 1, 0)
-    q = cute.runtime.make_fake_compact_tensor(dt, (B, H, L, D), stride_order=rows, assumed_align=16)
-    k = cute.runtime.make_fake_compact_tensor(dt, (B, Hkv, L, D), stride_order=rows, assumed_align=16)
-    v = cute.runtime.make_fake_compact_tensor(dt, (B, Hkv, L, D), stride_order=rows, assumed_align=16)
-    bias = cute.runtime.make_fake_compact_tensor(cutlass.Float32, (H, W), stride_order=(1, 0), assumed_align=4)
-    tau = cute.runtime.make_fake_compact_tensor(cutlass.Float32, (H,), assumed_align=4)
-    lens = cute.runtime.make_fake_compact_tensor(cutlass.Int32, (B,), assumed_align=4)
-    lse = cute.runtime.make_fake_compact_tensor(cutlass.Float32, (B, H, L), stride_order=(2, 1, 0), assumed_align=4)
-    o = cute.runtime.make_fake_compact_tensor(dt, (B, H, L, D), stride_order=rows, assumed_align=16)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return [q, k, v, bias, tau, lens, lse, o, cutlass.Float32(1.0), stream]
+    return [fake_rows(dt, (B, H, L, D)), fake_rows(dt, (B, Hkv, L, D)), fake_rows(dt, (B, Hkv, L, D)),
+            fake_rows(cutlass.Float32, (H, W), 4), fake_rows(cutlass.Float32, (H,), 4),
+            fake_rows(cutlass.Int32, (B,), 4), fake_rows(cutlass.Float32, (B, H, L), 4), fake_rows(dt, (B, H, L, D)),
+            cutlass.Float32(1.0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
 
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): the Q and KV pipelines' mbarriers (8 bytes each), Q [BM, D]
     and STAGES tiles [BN, D] (each 1024-byte aligned), two fp32 bias tables of TABLE entries."""
-    D, el, off = key.head_dim, 2, 0
-    stages = STAGES[D]
-    for size, align in ((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024),
-                        (2 * TABLE * 4, 16)):
-        off = -(-off // align) * align + size
-    return off
+    D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
+    return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024),
+                         (2 * TABLE * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):
     """The compiled TVM FFI function for ``key`` (``key.kernel`` must be ``"fwd_sm90"``)."""
-    if key.kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {key.kernel!r}; this module has {KERNELS}")
-    dt = getattr(cutlass, _DTYPES[key.dtype])
-    op = LazyAttentionFwdSm90(key.head_dim, dt, key.causal)
-    return cute.compile(op, *fake_args(key), options=options)
-
-
-if __name__ == "__main__":
-    import sys
-
-    for spec in sys.argv[1:] or ["128:bfloat16:1"]:
-        d, t, c = spec.split(":")
-        t0 = time.perf_counter()
-        compile(KernelKey("fwd_sm90", int(d), t, bool(int(c))))
-        print(spec, f"{time.perf_counter() - t0:.1f}s")
+    return compile_kernel(LazyAttentionFwdSm90, KERNELS, fake_args, key, options)

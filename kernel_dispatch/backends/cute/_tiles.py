@@ -1,12 +1,72 @@
-"""Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the (rows, cols) view of a wgmma accumulator, the
-quad reduction, the ping-pong turns, the bias table of a tile's diagonals, which tiles need no mask or bias, which
-rows see exactly one key, and the store of a warpgroup's fp32 accumulator through shared memory."""
+"""Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the op classes' base and compile step, shared
+memory sizes, thread roles, the query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad
+reduction, the ping-pong turns, the bias table of a tile's diagonals, which tiles need no mask or bias, which rows
+see exactly one key, and the store of a warpgroup's fp32 accumulator through shared memory."""
 import cutlass
 import cutlass.cute as cute
 
 WG = 128  # threads per warpgroup
 LOG2E = 1.4426950408889634
 ORDER_BARRIER = 2  # named barriers 2 (consumer warpgroup 0's turn) and 3 (warpgroup 1's turn)
+DSL_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+
+
+class HopperKernel:
+    """Base of the kernels' op classes: head dim D, element type, mask, and the ring depth ``STAGES[D]`` (a class
+    attribute of each kernel)."""
+    STAGES: dict = {}
+
+    def __init__(self, head_dim: int, dtype, causal: bool):
+        self.D = head_dim
+        self.dtype = dtype
+        self.causal = causal
+        self.stages = self.STAGES[head_dim]
+
+
+def compile_kernel(op_class, kernels: tuple, fake_args, key, options: str):
+    """``cute.compile`` of ``op_class`` for ``key`` (one of ``kernels``) on the fake arguments ``fake_args(key)``."""
+    if key.kernel not in kernels:
+        raise ValueError(f"unknown kernel {key.kernel!r}; this module has {kernels}")
+    op = op_class(key.head_dim, DSL_DTYPES[key.dtype], key.causal)
+    return cute.compile(op, *fake_args(key), options=options)
+
+
+def fake_rows(dtype, shape, align: int = 16):
+    """A fake compact row-major tensor for ``cute.compile`` (sizes may be ``cute.sym_int()``)."""
+    return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
+                                                 assumed_align=align)
+
+
+def struct_bytes(fields) -> int:
+    """Size of a shared-memory struct of ``fields`` ((bytes, alignment) in order): each field at its alignment, the
+    whole a multiple of the largest alignment."""
+    off, largest = 0, 1
+    for size, align in fields:
+        off = -(-off // align) * align + size
+        largest = max(largest, align)
+    return -(-off // largest) * largest
+
+
+def thread_roles():
+    """(thread index, warp index, warpgroup index) of this thread, the last two warp-uniform."""
+    tidx, _, _ = cute.arch.thread_idx()
+    return (tidx, cute.arch.make_warp_uniform(cute.arch.warp_idx()),
+            cute.arch.make_warp_uniform(tidx // WG))
+
+
+@cute.jit
+def query_block(bx, rows, lens_b, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr):
+    """(query block mb, its first row m0, lb = min(lengths[b], rows), key tiles n) of the CTA with grid index
+    ``bx`` over ``rows`` query rows: causal blocks run longest first and see keys below min(m0 + BM, lb)."""
+    mb = bx
+    if cutlass.const_expr(causal):
+        mb = (rows + BM - 1) // BM - 1 - bx
+    m0 = mb * BM
+    lb = cutlass.min(lens_b, rows)
+    key_end = lb
+    if cutlass.const_expr(causal):
+        key_end = cutlass.min(m0 + BM, lb)
+    return mb, m0, lb, (key_end + BN - 1) // BN
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
@@ -52,6 +112,21 @@ def fill_bias_table(tbl, t, entries: cutlass.Constexpr, d_first, W, mBias, h, ca
         if a >= 0 and a < W:
             val = mBias[h, a] * LOG2E
         tbl[t] = val
+
+
+@cute.jit
+def tile_bias_table(tables, fills, needed, t, entries: cutlass.Constexpr, d_first, W, mBias, h,
+                    causal: cutlass.Constexpr, barrier_id, threads: cutlass.Constexpr):
+    """This tile's bias table from the double buffer ``tables`` (entries, 2), and the updated count of fills. A tile
+    that ``needed`` one fills buffer fills % 2 (entry ``t`` by this thread) and passes named barrier ``barrier_id``
+    (``threads`` threads) before anyone reads it. A thread starts fill k only after fill k - 1's barrier, which no
+    thread reaches before finishing its reads of buffer k % 2 (fill k - 2): one barrier per filled table."""
+    tbl = tables[None, fills % 2]
+    if needed:
+        fill_bias_table(tbl, t, entries, d_first, W, mBias, h, causal)
+        fills += 1
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+    return tbl, fills
 
 
 @cute.jit
