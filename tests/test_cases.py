@@ -18,7 +18,8 @@ SMALL = [c for c in ATTN_CASES if not c.gpu_only]
 def test_inputs_keep_scores_off_the_kink(case, dtype):
     inp = make_inputs("lazy_attention", case, dtype)
     t = inp.tensors
-    assert rows_near_kink(t["q"], t["k"], t["bias"], t["tau"], inp.kwargs.get("lengths"), case.causal) == []
+    assert rows_near_kink(t["q"], t["k"], t["bias"], t["tau"], inp.kwargs.get("lengths"), case.causal,
+                          case.scale) == []
 
 
 def test_a_score_on_the_kink_is_redrawn():

@@ -22,6 +22,7 @@ class AttnCase:
     lengths: tuple[int, ...] | None = None
     noncontig: bool = False
     tau: tuple[float, ...] | None = None  # per head; None: a mix of signs, never exactly -1
+    scale: float | None = None  # None: the default 1 / sqrt(D)
     gpu_only: bool = False  # runs on a CUDA device only
 
 
@@ -39,6 +40,7 @@ _SMALL = (
     AttnCase("head_dim64", D=64, L=70, H=2, Hkv=2),
     AttnCase("tau_positive", tau=(0.3, 0.05, 1.0), L=24),
     AttnCase("tau_below_minus1", tau=(-1.5, -3.0, -1.2), L=24),
+    AttnCase("negative_scale", scale=-0.2, L=40, W=12),
     # tau = -1 exactly (the usual initial value): rows with one visible key sit on the relu kink
     AttnCase("tau_minus1_one_key_rows", B=3, H=2, Hkv=1, L=24, D=64, tau=(-1.0, -1.0), lengths=(24, 1, 9)),
 )
@@ -60,6 +62,9 @@ CASES = _SMALL + tuple(
     AttnCase("realistic_w_gt_l", B=2, H=16, Hkv=16, L=1024, D=128, W=1536, gpu_only=True),
     # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
     AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, gpu_only=True),
+    # non-causal distances beyond the cute forward's CTA bias table (min(W, L) <= 3839): its per-tile tables
+    AttnCase("noncausal_bias_beyond_cta_table", B=1, H=2, Hkv=2, L=4096, D=64, W=4000, causal=False,
+             gpu_only=True),
 )
 
 
@@ -102,10 +107,10 @@ def noncontig(t: torch.Tensor) -> torch.Tensor:
 KINK_MARGIN = 1e-5
 
 
-def kink_margins(q, k, bias, tau, lengths, causal: bool):
+def kink_margins(q, k, bias, tau, lengths, causal: bool, scale: float | None = None):
     """Per batch b and head h, yields (b, h, rel, scored): rel [L, L] = |P + tau/i| / P in float64 (inf
     where P underflows), and the scores it speaks for: visible, in valid rows, rows with one visible key
-    excluded (their P is exactly 1 in every backend)."""
+    excluded (their P is exactly 1 in every backend). ``scale`` None: 1 / sqrt(D)."""
     B, H, L, D = q.shape
     groups = H // k.shape[1]
     dev = q.device
@@ -119,26 +124,27 @@ def kink_margins(q, k, bias, tau, lengths, causal: bool):
         valid = (n < lb) & (m < lb) & ((n <= m) if causal else True)
         i = (m + 1).double() if causal else torch.full_like(m, lb, dtype=torch.float64)
         for h in range(H):
-            s = D ** -0.5 * (q[b, h].double() @ k[b, h // groups].double().T)
+            s = (D ** -0.5 if scale is None else scale) * (q[b, h].double() @ k[b, h // groups].double().T)
             s = s + torch.where(near, bias[h].double()[dist.clamp(0, W - 1)], 0.0)
             p = torch.softmax(s.masked_fill(~valid, float("-inf")), -1).nan_to_num(0.0)
             yield b, h, (p + float(tau[h]) / i).abs() / p, valid & (i > 1)
 
 
-def rows_near_kink(q, k, bias, tau, lengths, causal: bool) -> list[tuple[int, int, torch.Tensor]]:
+def rows_near_kink(q, k, bias, tau, lengths, causal: bool,
+                   scale: float | None = None) -> list[tuple[int, int, torch.Tensor]]:
     """(b, h, query rows) holding a visible score within KINK_MARGIN of the relu kink (float64)."""
     out = []
-    for b, h, rel, scored in kink_margins(q, k, bias, tau, lengths, causal):
+    for b, h, rel, scored in kink_margins(q, k, bias, tau, lengths, causal, scale):
         rows = (scored & (rel <= KINK_MARGIN)).any(1).nonzero().flatten()
         if len(rows):
             out.append((b, h, rows))
     return out
 
 
-def away_from_kink(q, k, bias, tau, lengths, causal: bool, rnd) -> None:
+def away_from_kink(q, k, bias, tau, lengths, causal: bool, rnd, scale: float | None = None) -> None:
     """Redraw (in place, with ``rnd``) the query rows of ``q`` whose scores sit at the relu kink."""
     for _ in range(20):
-        near = rows_near_kink(q, k, bias, tau, lengths, causal)
+        near = rows_near_kink(q, k, bias, tau, lengths, causal, scale)
         if not near:
             return
         for b, h, rows in near:
@@ -166,7 +172,9 @@ def make_inputs(case: AttnCase, dtype: torch.dtype, device: str = "cpu", seed: i
     kwargs = {"causal": c.causal}
     if c.lengths is not None:
         kwargs["lengths"] = torch.tensor(c.lengths, dtype=torch.int64, device=device)
-    away_from_kink(q, k, bias, tau, kwargs.get("lengths"), c.causal, rnd)
+    if c.scale is not None:
+        kwargs["scale"] = c.scale
+    away_from_kink(q, k, bias, tau, kwargs.get("lengths"), c.causal, rnd, c.scale)
     do = rnd(c.B, c.H, c.L, c.D)
     if c.noncontig:
         q, k, v, do = noncontig(q), noncontig(k), noncontig(v), noncontig(do)

@@ -13,8 +13,10 @@ One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 t
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
   (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMM runs on the tensor cores
   while the other computes its exponentials.
-  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (``_lse_to_store``); two key
-  tiles per turn (two commit groups), so tile 2p + 1's score GEMM runs under tile 2p's exponentials;
+  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (``_lse_to_store``); on free tiles the row max is
+  taken on q.k and each exp2 argument is one FFMA (so the scale must be >= 0: the launcher negates q for a
+  negative one); two key tiles per turn (two commit groups), so tile 2p + 1's score GEMM runs under tile 2p's
+  exponentials;
   sweep 2: P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation); one turn
   issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's exponentials run under the
   latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight across a loop's back edge: where
@@ -34,10 +36,12 @@ Synchronisation (which barrier guards which buffer):
   rows of a V stage at key positions >= lengths[b]) each writer issues fence.proxy.async.shared::cta and then the
   barrier, so the following wgmma (async proxy) sees the zeros. The 256 threads split the elements (each written
   once), and the barrier also orders the zeroing before either warpgroup's GEMM on that buffer.
-  (b) bias tables (generic proxy only): non-free tile number k (counted over both sweeps) fills table k % 2 and
-  then passes the barrier before anyone reads it; a thread starts fill k only after passing the barrier of fill
-  k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill k - 2). So one barrier per
-  non-free tile, none on free tiles.
+  (b) the bias table (generic proxy only): where the CTA's table over distances fits (``CTA_TABLE`` entries:
+  causal min(W, L) <= 7808, non-causal <= 3839) the consumers fill it once, before the Q wait, and pass the barrier
+  once after it; nothing writes it again. Otherwise non-free tile number k (counted over both sweeps) fills a
+  per-tile table k % 2 and then passes the barrier before anyone reads it; a thread starts fill k only after
+  passing the barrier of fill k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill
+  k - 2): one barrier per non-free tile, none on free tiles.
 - Named barriers 2 and 3 (ping-pong scheduler, 256 threads each): barrier 2 + w is warpgroup w's turn. A turn =
   bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the turn's GEMMs, commit,
   bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns T (tile
@@ -59,10 +63,11 @@ Rules: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-
 the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
 -inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
 arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
-Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_tiles.keys_free``); on
-those the consumers first fill a shared table of the tile's BM + BN - 1 diagonals (log2-domain bias, one entry per
-consumer thread) and read the bias from it per element (reading [H, W] from global memory per element instead made
-ptxas spill at D = 128: 64 loads in flight on top of the S, O and A registers).
+Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_tiles.keys_free``), and
+masks only on the tiles among those that cross lengths[b] or (causal) the diagonal; the bias is read per element
+from the shared table of log2-domain bias by distance (reading [H, W] from global memory per element instead made
+ptxas spill at D = 128: 64 loads in flight on top of the S, O and A registers; filling a per-tile table with a
+barrier on every band tile cost 12 % of the kernel at W = 512, 28 % at W = 2048).
 
 Layout (all contiguous): Q, O [B, H, L, D]; K, V [B, Hkv, L, D] fp16/bf16; Bias [H, W], Tau [H] fp32; Lens [B]
 int32; LSE [B, H, L] fp32. B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
@@ -77,7 +82,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
-                     keys_free, query_block, quad_reduce, store_through_smem, struct_bytes, thread_roles,
+                     TableSpan, fill_distance_table,
+                     keys_free, pairwise_sum, query_block, quad_reduce, store_through_smem, struct_bytes, thread_roles,
                      tile_bias_table, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
@@ -104,13 +110,17 @@ NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
+CTA_TABLE = 8192  # entries of the CTA's table over every distance its tiles see (where they fit; shared memory)
 CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 threads), epilogue staging
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
+SWEEP1_TILES = 2  # key tiles per sweep-1 turn (one accumulator each, all waited within the turn; 1 and 3 are slower)
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
 # argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
-# (what is left: the TMA loads, pipelines, turns and table fills); "" is the kernel
+# (what is left: the TMA loads, pipelines, turns and table fills), "sweep1_only" / "sweep2_only" run one sweep (the
+# other's loads skipped too); several joined by "+"; "" is the kernel
 ABLATE = ""
+
 
 
 class LazyAttentionFwdSm90(HopperKernel):
@@ -154,7 +164,8 @@ class LazyAttentionFwdSm90(HopperKernel):
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]  # full[STAGES], empty[STAGES]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * TABLE], 16]  # bias tables, 2 buffers
+            # bias by distance: the CTA's whole table, or (W too large for it) two per-tile buffers of TABLE
+            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(CTA_TABLE, 2 * TABLE)], 16]
 
         L = mQ.shape[2]
         n_mblocks = (L + BM - 1) // BM
@@ -175,24 +186,33 @@ class LazyAttentionFwdSm90(HopperKernel):
         return down if lse * LOG2E > lse2 else lse
 
     def _exp2(self, x, fastmath=True):
-        if cutlass.const_expr(ABLATE == "no_exp"):
+        if cutlass.const_expr("no_exp" in ABLATE.split("+")):
             return x
         return cute.math.exp2(x, fastmath=fastmath)
 
     @cute.jit
-    def _scores(self, acc_mn, tScS_mn, sT, m0, n0, lb, sc2):
-        """acc_mn (raw q.k) -> log2-domain scores with bias (from the table sT) and masks, in place. Masked entries
-        are set to -inf by a select (never by adding -inf: a NaN product of a masked key must not reach its row)."""
-        for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-            j = tScS_mn[0, c][1]
-            key_ok = n0 + j < lb
-            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                i = tScS_mn[r, 0][0]
-                val = acc_mn[r, c] * sc2 + sT[i - j + (BN - 1)]
-                ok = key_ok
-                if cutlass.const_expr(self.causal):
-                    ok = key_ok and (n0 + j <= m0 + i)
-                acc_mn[r, c] = val if ok else -cutlass.Float32.inf
+    def _scores(self, acc_mn, tScS_mn, sT, m0, n0, lb, sc2, masked, span):
+        """acc_mn (raw q.k) -> log2-domain scores with bias (from the table sT) and, where ``masked`` (the tile
+        crosses lengths[b] or, causal, the diagonal), masks, in place. Masked entries are set to -inf by a select
+        (never by adding -inf: a NaN product of a masked key must not reach its row). A masked tile may see
+        distances past the table (keys or rows beyond lengths[b], far from the band): its indices are clamped to
+        ``span`` (:class:`TableSpan`), whose end entries hold bias 0."""
+        if not masked:
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                j = tScS_mn[0, c][1]
+                for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                    acc_mn[r, c] = acc_mn[r, c] * sc2 + sT[tScS_mn[r, 0][0] - j + (BN - 1)]
+        else:
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                j = tScS_mn[0, c][1]
+                key_ok = n0 + j < lb
+                for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                    i = tScS_mn[r, 0][0]
+                    val = acc_mn[r, c] * sc2 + sT[cutlass.min(cutlass.max(i - j + (BN - 1), span.lo), span.hi)]
+                    ok = key_ok
+                    if cutlass.const_expr(self.causal):
+                        ok = key_ok and (n0 + j <= m0 + i)
+                    acc_mn[r, c] = val if ok else -cutlass.Float32.inf
 
     @cute.jit
     def _gemm_s(self, qk_first, qk_rest, acc_S, tSrQ, tSrK, stage):
@@ -200,7 +220,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         qk_rest accumulates: two MMA objects whose ACCUMULATE field is set once, outside the loops (a set() inside a
         staged loop would escape its region)."""
         for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            if cutlass.const_expr(ABLATE not in ("no_gemm", "loads_only")):
+            if cutlass.const_expr(not {"no_gemm", "loads_only"} & set(ABLATE.split("+"))):
                 cute.gemm(qk_first if k == 0 else qk_rest, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage],
                           acc_S)
 
@@ -208,7 +228,7 @@ class LazyAttentionFwdSm90(HopperKernel):
     def _gemm_pv(self, pv_mma, acc_O, tOrP, tOrV, stage):
         """Issue acc_O += A V(stage) with A from registers (no fence, commit or wait)."""
         for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
-            if cutlass.const_expr(ABLATE not in ("no_gemm", "loads_only")):
+            if cutlass.const_expr(not {"no_gemm", "loads_only"} & set(ABLATE.split("+"))):
                 cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
 
     @cute.jit
@@ -221,61 +241,95 @@ class LazyAttentionFwdSm90(HopperKernel):
         turn_pass(wg, PINGPONG)
 
     @cute.jit
-    def _tile(self, second: cutlass.Constexpr, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, x, y):
-        """Bias table (non-free tiles), then sweep 1's row statistics (x, y: row max, row sum; :meth:`_sweep1_rows`)
-        or, ``second``, sweep 2's A (x, y: lse2, tau / i; :meth:`_sweep2_rows`); returns the updated count of fills."""
+    def _tile(self, second: cutlass.Constexpr, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, x, y,
+              whole, d_first, t_all):
+        """Sweep 1's row statistics (x, y: row max, row sum; :meth:`_sweep1_rows`) or, ``second``, sweep 2's A (x, y:
+        lse2, tau / i; :meth:`_sweep2_rows`) of the tile at keys n0; returns the updated count of per-tile fills.
+        The bias of a non-free tile comes from the CTA's table (``whole``; ``d_first``: the distance of its entry 0,
+        ``t_all`` its entries) or, where W is too large for that table, from a per-tile table filled here."""
         free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
-        tbl, fills = tile_bias_table(sT, fills, not free, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h,
-                                     self.causal, CONSUMER_BARRIER, 2 * WG)
+        masked = n0 + BN > lb
+        if cutlass.const_expr(self.causal):
+            masked = masked or n0 + BN - 1 > m0
+        # entry 0 of the tile's view: distance m0 - n0 - (BN - 1)
+        toff = m0 - n0 - (BN - 1) - d_first
+        if not whole:
+            _, fills = tile_bias_table(cute.make_tensor(sT.iterator, cute.make_layout((TABLE, 2))), fills,
+                                       not free, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W,
+                                       mBias, h, self.causal, CONSUMER_BARRIER, 2 * WG)
+            toff = ((fills + 1) % 2) * TABLE
+        span = TableSpan(-toff, t_all - 1 - toff)
+        if not whole:
+            span = TableSpan(cutlass.Int32(0), cutlass.Int32(TABLE - 1))
+        tbl = cute.make_tensor(sT.iterator + toff, cute.make_layout(TABLE))
         if cutlass.const_expr(second):
-            self._sweep2_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
+            self._sweep2_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
         else:
-            self._sweep1_rows(acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
+            self._sweep1_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
         return fills
 
     @cute.jit
-    def _sweep1_rows(self, acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
+    def _sweep1_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
         """Fold a tile's raw scores into the online row max and sum (log2 domain)."""
-        if cutlass.const_expr(ABLATE == "loads_only"):
+        if cutlass.const_expr("loads_only" in ABLATE.split("+")):
             return
         if free:
-            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    acc_mn[r, c] = acc_mn[r, c] * sc2
+            self._fold_rows(acc_mn, row_max, row_sum, sc2, True)
         else:
-            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2)
+            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
+            self._fold_rows(acc_mn, row_max, row_sum, sc2, False)
+
+    @cute.jit
+    def _fold_rows(self, acc_mn, row_max, row_sum, sc2, raw: cutlass.Constexpr):
+        """row_max / row_sum <- the tile's scores folded in; ``raw``: acc_mn holds q.k (scores = sc2 * q.k: the max
+        is taken on q.k, which needs sc2 >= 0, and exp2 gets one FFMA per score), else log2-domain scores. The
+        tile's row sum is a balanced tree (a chain of 32 dependent adds per row is what ptxas makes of a reduce)."""
+        n_cols = cute.size(acc_mn.shape[1])
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-            row = acc_mn[r, None].load()
-            mx = quad_reduce(row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
+            mx = quad_reduce(acc_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                             cute.arch.fmax)
+            if cutlass.const_expr(raw):
+                mx = mx * sc2
             prev = row_max[r]
             new = cute.arch.fmax(prev, mx)
             safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
-            e = self._exp2(row - safe, fastmath=True)
-            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + e.reduce(
-                cute.ReductionOp.ADD, cutlass.Float32(0.0), 0)
+            for c in cutlass.range_constexpr(n_cols):
+                x = acc_mn[r, c] * sc2 - safe if cutlass.const_expr(raw) else acc_mn[r, c] - safe
+                acc_mn[r, c] = self._exp2(x)
+            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + pairwise_sum(
+                [acc_mn[r, c] for c in range(n_cols)])
             row_max[r] = new
 
     @cute.jit
-    def _sweep2_rows(self, acc_mn, free, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
+    def _sweep2_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
         """A tile's raw scores -> A = relu(P + tau / i) in place, P = exp2(min(S2 - lse2, 0)), masked entries 0.
         min and max are the NaN-propagating FMNMX (one instruction each; a compare and select is two)."""
-        if cutlass.const_expr(ABLATE == "loads_only"):
+        if cutlass.const_expr("loads_only" in ABLATE.split("+")):
             return
         zero = cutlass.Float32(0.0)
         if free:
-            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    x = acc_mn[r, c] * sc2 - lse2[r]
-                    p = self._exp2(cute.arch.fmin(x, zero, nan=True))
-                    acc_mn[r, c] = cute.arch.fmax(p + thr[r], zero, nan=True)
+            self._relu_rows(acc_mn, lse2, thr, sc2, True)
+        elif not masked:
+            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
+            self._relu_rows(acc_mn, lse2, thr, sc2, False)
         else:
-            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2)
+            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                 for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                     s2 = acc_mn[r, c]
                     p = self._exp2(cute.arch.fmin(s2 - lse2[r], zero, nan=True))
                     a = cute.arch.fmax(p + thr[r], zero, nan=True)
                     acc_mn[r, c] = zero if s2 == -cutlass.Float32.inf else a
+
+    @cute.jit
+    def _relu_rows(self, acc_mn, lse2, thr, sc2, raw: cutlass.Constexpr):
+        """Scores without masks (``raw``: q.k, scaled here) -> A = relu(exp2(min(S2 - lse2, 0)) + tau / i)."""
+        zero = cutlass.Float32(0.0)
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                x = acc_mn[r, c] * sc2 - lse2[r] if cutlass.const_expr(raw) else acc_mn[r, c] - lse2[r]
+                p = self._exp2(cute.arch.fmin(x, zero, nan=True))
+                acc_mn[r, c] = cute.arch.fmax(p + thr[r], zero, nan=True)
 
     @cute.jit
     def _zero_v_rows(self, sV, stage, n0, lb, L, ctid):
@@ -310,13 +364,17 @@ class LazyAttentionFwdSm90(HopperKernel):
         hk = h // (H // Hkv)
         mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)  # key tiles of sweep 1
         n_blocks2 = n_blocks if m0 < lb else 0
+        if cutlass.const_expr("sweep1_only" in ABLATE.split("+")):
+            n_blocks2 = 0
+        if cutlass.const_expr("sweep2_only" in ABLATE.split("+")):
+            n_blocks = 0
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
-        sT = storage.sT.get_tensor(cute.make_layout((TABLE, 2)))
+        sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
 
         # pipelines (every thread takes part in the mbarrier init and the CTA barrier create() ends with)
         q_pipe = pipeline.PipelineTmaAsync.create(
@@ -417,6 +475,20 @@ class LazyAttentionFwdSm90(HopperKernel):
             row_max.fill(-cutlass.Float32.inf)
             row_sum.fill(0.0)
 
+            # ---------------- the CTA's bias table over distances d_lo .. d_lo + t_all - 1 (every distance a band
+            # tile sees: |d| < min(W, L) + BM + BN; its end entries are 0, past the band), filled while Q's TMA is in
+            # flight; W too large for it: per-tile tables (``_tile``)
+            w_eff = cutlass.min(W, L)
+            if cutlass.const_expr(self.causal):
+                d_lo = cutlass.Int32(-(BN - 1))
+                t_all = w_eff + BM + 2 * BN
+            else:
+                d_lo = -(w_eff + BM + BN)
+                t_all = 2 * (w_eff + BM + BN) + 1
+            whole = t_all <= CTA_TABLE
+            if whole:
+                fill_distance_table(sT, ctid, 2 * WG, t_all, d_lo, W, mBias, h, self.causal)
+
             # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_pipe.consumer_wait(q_state)
@@ -426,6 +498,8 @@ class LazyAttentionFwdSm90(HopperKernel):
                     if m0 + r >= lb:
                         sQ[r % WM, i - r * D, r // WM] = dt(0.0)
                 cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+            if whole:  # the table is read only after this
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
 
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -439,37 +513,37 @@ class LazyAttentionFwdSm90(HopperKernel):
             # ---------------- sweep 1: row log-sum-exp, two key tiles per turn: the score GEMM of tile 2p + 1 runs
             # under tile 2p's exponentials (nothing stays in flight across the loop's back edge: ptxas serialises
             # every wgmma of a kernel where an accumulator does, docs/cute-backend.md)
-            for pair in cutlass.range(n_blocks // 2, unroll=1):
-                k_state = kv_state.clone()
-                kv_state.advance()
-                kv_pipe.consumer_wait(k_state)  # K(2p) landed
-                kv_pipe.consumer_wait(kv_state)  # K(2p + 1) landed
-                acc_a = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
-                acc_b = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
+            for grp in cutlass.range(n_blocks // SWEEP1_TILES, unroll=1):
+                states = []
+                for t in cutlass.range_constexpr(SWEEP1_TILES):
+                    states.append(kv_state.clone())
+                    kv_state.advance()
+                for t in cutlass.range_constexpr(SWEEP1_TILES):
+                    kv_pipe.consumer_wait(states[t])  # K(SWEEP1_TILES * grp + t) landed
+                accs = [thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN))) for _ in range(SWEEP1_TILES)]
                 warpgroup.fence()
                 turn_wait(wg, PINGPONG)
-                self._gemm_s(qk_mma, qk_rest, acc_a, tSrQ, tSrK, k_state.index)
-                warpgroup.commit_group()
-                self._gemm_s(qk_mma, qk_rest, acc_b, tSrQ, tSrK, kv_state.index)
+                for t in cutlass.range_constexpr(SWEEP1_TILES):
+                    self._gemm_s(qk_mma, qk_rest, accs[t], tSrQ, tSrK, states[t].index)
+                    warpgroup.commit_group()
+                turn_pass(wg, PINGPONG)
+                for t in cutlass.range_constexpr(SWEEP1_TILES):
+                    warpgroup.wait_group(SWEEP1_TILES - 1 - t)
+                    kv_pipe.consumer_release(states[t])
+                    fills = self._tile(False, acc_mn_view(accs[t]), (SWEEP1_TILES * grp + t) * BN, sT, fills, ctid,
+                                       m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum, whole, d_lo, t_all)
+            for nb in cutlass.range(n_blocks - n_blocks % SWEEP1_TILES, n_blocks, unroll=1):  # the last tiles alone
+                kv_pipe.consumer_wait(kv_state)
+                warpgroup.fence()
+                turn_wait(wg, PINGPONG)
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
                 warpgroup.commit_group()
                 turn_pass(wg, PINGPONG)
-                warpgroup.wait_group(1)
-                kv_pipe.consumer_release(k_state)
-                fills = self._tile(False, acc_mn_view(acc_a), 2 * pair * BN, sT, fills, ctid, m0, lb, W, mBias, h,
-                                   tScS_mn, sc2, row_max, row_sum)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._tile(False, acc_mn_view(acc_b), (2 * pair + 1) * BN, sT, fills, ctid, m0, lb, W,
-                                   mBias, h, tScS_mn, sc2, row_max, row_sum)
-            if n_blocks % 2 == 1:  # the last tile alone
-                kv_pipe.consumer_wait(kv_state)
-                self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
-                warpgroup.wait_group(0)
-                kv_pipe.consumer_release(kv_state)
-                kv_state.advance()
-                fills = self._tile(False, acc_S_mn, (n_blocks - 1) * BN, sT, fills, ctid, m0, lb, W, mBias, h,
-                                   tScS_mn, sc2, row_max, row_sum)
+                fills = self._tile(False, acc_S_mn, nb * BN, sT, fills, ctid, m0, lb, W, mBias, h,
+                                   tScS_mn, sc2, row_max, row_sum, whole, d_lo, t_all)
             # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
             lane = tidx % 4
             for r in cutlass.range_constexpr(n_rows):
@@ -493,7 +567,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr)
+                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, whole, d_lo, t_all)
                 tOrP_as_S.store(acc_S.load().to(dt))
             for nb in cutlass.range(1, n_blocks2, unroll=1):
                 n0 = nb * BN
@@ -511,7 +585,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
                 kv_pipe.consumer_release(k_state)
-                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr)
+                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, whole, d_lo, t_all)
                 warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
@@ -554,10 +628,10 @@ def fake_args(key: KernelKey):
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): the Q and KV pipelines' mbarriers (8 bytes each), Q [BM, D]
-    and STAGES tiles [BN, D] (each 1024-byte aligned), two fp32 bias tables of TABLE entries."""
+    and STAGES tiles [BN, D] (each 1024-byte aligned), the fp32 bias table of CTA_TABLE entries."""
     D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
     return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024),
-                         (2 * TABLE * 4, 16)))
+                         (max(CTA_TABLE, 2 * TABLE) * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):

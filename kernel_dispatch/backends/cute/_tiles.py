@@ -1,7 +1,10 @@
 """Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the op classes' base and compile step, shared
 memory sizes, thread roles, the query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad
-reduction, the ping-pong turns, the bias table of a tile's diagonals, which tiles need no mask or bias, which rows
-see exactly one key, and the store of a warpgroup's fp32 accumulator through shared memory."""
+reduction and balanced sums, the ping-pong turns, the bias tables (by distance: a tile's diagonals, or every distance a
+CTA sees), which tiles need no mask or bias, which rows see exactly one key, and the store of a warpgroup's fp32
+accumulator through shared memory."""
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 
@@ -85,6 +88,13 @@ def quad_reduce(val, op):
     return op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
 
 
+def pairwise_sum(vals):
+    """The sum of a list of traced scalars as a balanced tree (log2(n) dependent adds instead of n), fixed order."""
+    while len(vals) > 1:
+        vals = [vals[i] + vals[i + 1] for i in range(0, len(vals) - 1, 2)] + vals[len(vals) - len(vals) % 2:]
+    return vals[0]
+
+
 @cute.jit
 def turn_wait(wg, enabled: cutlass.Constexpr):
     """Ping-pong: wait until it is consumer warpgroup ``wg``'s turn to issue wgmma (bar.sync on its own barrier,
@@ -100,18 +110,38 @@ def turn_pass(wg, enabled: cutlass.Constexpr):
         cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - wg, number_of_threads=2 * WG)
 
 
+class TableSpan(NamedTuple):
+    """The entries [lo, hi] of a bias table a tile's view may index (indices relative to the view)."""
+    lo: cutlass.Int32
+    hi: cutlass.Int32
+
+
+@cute.jit
+def bias_at(d, W, mBias, h, causal: cutlass.Constexpr):
+    """The log2-domain bias at distance m - n = d (|m - n| non-causal): mBias[h, d] * log2 e, 0 outside [0, W)."""
+    a = d
+    if cutlass.const_expr(not causal):
+        a = cutlass.max(a, -a)
+    val = cutlass.Float32(0.0)
+    if a >= 0 and a < W:
+        val = mBias[h, a] * LOG2E
+    return val
+
+
 @cute.jit
 def fill_bias_table(tbl, t, entries: cutlass.Constexpr, d_first, W, mBias, h, causal: cutlass.Constexpr):
-    """Entry ``t`` (one per calling thread, t < entries) of a tile's bias table: the log2-domain bias at distance
-    m - n = d_first + t (|m - n| non-causal), 0 outside [0, W); the masks are the caller's."""
+    """Entry ``t`` (one per calling thread, t < entries) of a tile's bias table: :func:`bias_at` distance
+    d_first + t; the masks are the caller's."""
     if t < entries:
-        a = d_first + t
-        if cutlass.const_expr(not causal):
-            a = cutlass.max(a, -a)
-        val = cutlass.Float32(0.0)
-        if a >= 0 and a < W:
-            val = mBias[h, a] * LOG2E
-        tbl[t] = val
+        tbl[t] = bias_at(d_first + t, W, mBias, h, causal)
+
+
+@cute.jit
+def fill_distance_table(tbl, t0, step: cutlass.Constexpr, count, d_first, W, mBias, h, causal: cutlass.Constexpr):
+    """Entries t0, t0 + step, ... below ``count`` of a table over distances: entry t = :func:`bias_at` distance
+    d_first + t (one call per thread of a group of ``step``; the caller's barrier publishes it)."""
+    for t in cutlass.range(t0, count, step, unroll=1):
+        tbl[t] = bias_at(d_first + t, W, mBias, h, causal)
 
 
 @cute.jit

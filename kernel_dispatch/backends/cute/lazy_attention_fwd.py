@@ -18,6 +18,8 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     q [B, H, L, D], k/v [B, Hkv, L, D] fp16/bf16 CUDA; bias [H, W], tau [H]; lengths [B] int or None.
     """
     B, H, L, D = q.shape
+    if scale < 0:  # the kernel takes its row max on unscaled q.k (needs scale >= 0); q.k * scale = (-q).k * -scale
+        q, scale = -q, -scale
     qc, kc, vc = _rows(q), _rows(k.to(q.dtype)), _rows(v.to(q.dtype))
     bias32 = bias.to(device=q.device, dtype=torch.float32).contiguous()
     tau32 = tau.to(device=q.device, dtype=torch.float32).contiguous()
