@@ -7,17 +7,20 @@ dQ_m = scale * (sum_n P (Mk dA - D0) k_n - (Delta - D0) sum_n P k_n), so one swe
     X = sum_n P (Mk dA - D0) k_n,   Y = sum_n P k_n,   Delta = sum_n P Mk dA,   R = sum_n Mk dA
 
 and ends with dQ = scale (X - (Delta - D0) Y), Rdiv = R / i. D0 = rowsum(dO * O) (O the forward output in q's
-dtype, computed by the launcher in fp32); a non-finite D0 is replaced by 0 (any constant is exact). Rows that see
-exactly one key (causal row 0, or lengths[b] == 1) have dS = 0 exactly: their dQ is stored as 0 (unless Delta is
-not finite), and their P is 1 exactly (``_tiles.one_key_row``). Per tile: 4 GEMMs (S = Q K^T, dA = dO V^T,
-X += T K, Y += P K) and one exponential pass.
+dtype; fp32 products and sums, in the consumers' prologue); a non-finite D0 is replaced by 0 (any constant is
+exact). Rows that see exactly one key (causal row 0, or lengths[b] == 1) have dS = 0 exactly: their dQ is stored as
+0 (unless Delta is not finite), and their P is 1 exactly (``_tiles.one_key_row``). Per tile: 4 GEMMs (S = Q K^T,
+dA = dO V^T, X += T K, Y += P K) and one exponential pass.
 
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24). Q and dO once (two halves
   [WM = 64, D] each; four TMA copies completing the one barrier of the QdO pipeline), then K(0), V(0), K(1), V(1),
   ... into one ring of STAGES tiles [BN = 64, D] (the KV pipeline; a K and a V tile have the same bytes).
-- warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns 64 query rows. Per key tile:
+- warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns 64 query rows. Prologue: the warpgroup's
+  rows of O in 16-byte vectors from global memory (issued before the QdO wait; rows >= LP are zeros), then with
+  dO's half of sdO the products of each row's 64-column vectors summed in fp32 by the row's threads (shuffles)
+  into sD0, from which each thread takes the D0 of the rows it owns in the accumulator layout. Per key tile:
   turn A: S = Q K^T and dA = dO V^T (m64n64k16, both operands in shared memory), one commit group; then V's stage
   is released; registers: P, Mk, Delta/R partial sums, T = P (Mk dA - D0) and P converted to q's dtype (the
   register A operand of the next GEMMs); turn B: X += T K and Y += P K (m64nDk16, A from registers, B = K^T: the
@@ -33,16 +36,18 @@ completed: wait_group(0) precedes every release; V stages are released before th
 mbarriers allow: each stage has its own empty barrier); named barrier 1 (256 consumer threads): bias tables, one
 barrier per non-free tile, two table buffers; named barriers 2, 3: ping-pong turns (2 turns per tile per warpgroup,
 warpgroup 1 arrives once on barrier 2 before its first turn, warpgroup 0 syncs once more on barrier 2 after its
-last); named barriers 4, 5: epilogue staging of dQ through the warpgroup's own half of sQ.
+last); named barriers 4, 5 (the warpgroup's 128 threads): in the prologue between the writes of its rows of sD0 and
+their reads (only when tiles run, a CTA-uniform condition), then the epilogue staging of dQ through the warpgroup's
+own half of sQ.
 
-Rules: the launcher zero-fills rows >= lengths[b] of q, k, v, dO (NaN included) and rows >= L, so no shared
+Rules: the launcher zero-fills rows >= lengths[b] of q, k, v, dO, O (NaN included) and rows >= L, so no shared
 memory is zeroed here; rows >= LP (the block's tail past the tensors) arrive as zeros from TMA's out-of-bounds
 fill and are never stored. Keys >= lengths[b], the causal mask and rows >= lengths[b] are applied by selects on
 tiles that are not free (``_is_free``: every row and key of the 128 x 64 tile valid, every key visible, no bias),
 with the bias read from a shared table of the tile's BM + BN - 1 distances (log2 domain). Rows >= lengths[b] get
 dQ = 0, Delta = 0, Rdiv = 0. Deterministic: no atomics, fixed summation order.
 
-Layout (contiguous): Q, dO, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LSE, D0, Delta, Rdiv [B, H, LP] fp32;
+Layout (contiguous): Q, dO, O, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LSE, Delta, Rdiv [B, H, LP] fp32;
 Bias [H, W], Tau [H] fp32; Lens [B] int32. B, H, Hkv, LP, W are runtime values; D, dtype and causal compiled in.
 """
 
@@ -55,7 +60,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
                      one_key_row, quad_reduce, query_block, store_through_smem, struct_bytes, thread_roles,
-                     tile_bias_table, turn_pass, turn_wait)
+                     tile_bias_table, turn_pass, turn_wait, vector_copy, vector_lanes)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -65,8 +70,7 @@ ARGS = {
         "v fp16/bf16 [B,Hkv,LP,D] contiguous",
         "do fp16/bf16 [B,H,LP,D] contiguous",
         "lse fp32 [B,H,LP] (natural log; rows >= L: 0)",
-        "d0 fp32 [B,H,LP] = rowsum(dO * O) in fp32 (O the forward output in q's dtype; any finite value on padded"
-        " rows)",
+        "o fp16/bf16 [B,H,LP,D] contiguous (the forward output in q's dtype; D0 = rowsum(dO * O) is computed here)",
         "bias fp32 [H,W] contiguous",
         "tau fp32 [H]",
         "lengths int32 [B] (values in [0, L])",
@@ -87,7 +91,7 @@ PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-distance table (BM + BN - 1 used)
 CONSUMER_BARRIER = 1
-EPILOGUE_BARRIER = 4  # 4 and 5
+WG_BARRIER = 4  # 4 and 5: a consumer warpgroup's own 128 threads (D0 in the prologue, dQ's staging at the end)
 PINGPONG = True
 
 
@@ -97,7 +101,7 @@ class LazyAttentionDqSm90(HopperKernel):
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
-                 mD0: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mdQ: cute.Tensor,
+                 mO: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mdQ: cute.Tensor,
                  mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
@@ -139,11 +143,12 @@ class LazyAttentionDqSm90(HopperKernel):
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * TABLE], 16]
+            sD0: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, BM], 16]
 
         LP = mQ.shape[2]
         n_mblocks = (LP + BM - 1) // BM
         self.kernel(s_first, s_rest, xy_mma, tma_q, tma_q_t, tma_do, tma_do_t, tma_k, tma_k_t, tma_v, tma_v_t,
-                    mLSE, mD0, mBias, mTau, mLens, mdQ, mDelta, mRdiv, scale, sQ_layout, sK_layout, sKt_layout,
+                    mLSE, mO, mBias, mTau, mLens, mdQ, mDelta, mRdiv, scale, sQ_layout, sK_layout, sKt_layout,
                     SharedStorage).launch(
             grid=[n_mblocks, mQ.shape[1], mQ.shape[0]], block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
@@ -163,7 +168,7 @@ class LazyAttentionDqSm90(HopperKernel):
     def kernel(self, s_first: cute.TiledMma, s_rest: cute.TiledMma, xy_mma: cute.TiledMma,
                tma_q: cute.CopyAtom, tma_q_t: cute.Tensor, tma_do: cute.CopyAtom, tma_do_t: cute.Tensor,
                tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, tma_v: cute.CopyAtom, tma_v_t: cute.Tensor,
-               mLSE: cute.Tensor, mD0: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor,
+               mLSE: cute.Tensor, mO: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor,
                mdQ: cute.Tensor, mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sKt_layout: cute.ComposedLayout,
                SharedStorage: cutlass.Constexpr):
@@ -188,6 +193,7 @@ class LazyAttentionDqSm90(HopperKernel):
         sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, sKt_layout.inner), sKt_layout.outer)
         sT = storage.sT.get_tensor(cute.make_layout((TABLE, 2)))
+        sD0 = storage.sD0.get_tensor(cute.make_layout(BM))
 
         q_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
@@ -281,15 +287,24 @@ class LazyAttentionDqSm90(HopperKernel):
             d0 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             r_acc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             d_acc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            # this warpgroup's rows of O for D0, loaded before the wait for dO (rows >= LP: zeros, as TMA fills dO)
+            ocopy = vector_copy(dt)
+            thr_o = ocopy.get_slice(wtid)
+            tOgO = thr_o.partition_S(cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0)))
+            tOcO = thr_o.partition_S(cute.make_identity_tensor((WM, D)))
+            tOrO = cute.make_fragment_like(tOgO, dt)
+            tOrO.fill(0.0)
+            if n_blocks > 0:
+                for i in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+                    if m0 + WM * wg + tOcO[0, i, 0][0] < LP:
+                        cute.copy(ocopy, tOgO[None, i, None], tOrO[None, i, None])
             for r in cutlass.range_constexpr(n_rows):
                 m = m0 + tScS_mn[r, 0][0]
                 lv = cutlass.Float32(0.0)
-                dv = cutlass.Float32(0.0)
                 if m < LP:
                     lv = mLSE[b, h, m]
-                    dv = mD0[b, h, m]
                 lse2[r] = lv * LOG2E
-                d0[r] = dv if (dv - dv) == 0.0 else cutlass.Float32(0.0)  # finite, else any constant (0)
+                d0[r] = 0.0
                 ii = cutlass.Float32(cutlass.max(lb, 1))
                 if cutlass.const_expr(self.causal):
                     ii = cutlass.Float32(m + 1)
@@ -300,6 +315,25 @@ class LazyAttentionDqSm90(HopperKernel):
             if n_blocks > 0:
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
                 q_pipe.consumer_wait(q_state)
+                # D0 = rowsum(dO * O) of this warpgroup's 64 rows: fp32 products of a row's 64-column vectors, summed
+                # over the row's lanes, through sD0 to the threads owning the row in the accumulator layout
+                tOrdO = cute.make_fragment_like(tOrO, dt)
+                cute.copy(ocopy, thr_o.partition_S(sdO[None, None, wg]), tOrdO)
+                lanes = vector_lanes(dt)
+                for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                    part = cutlass.Float32(0.0)
+                    for j in cutlass.range_constexpr(cute.size(tOrO.shape[2])):
+                        for e in cutlass.range_constexpr(cute.size(tOrO.shape[0])):
+                            part = part + cutlass.Float32(tOrO[e, i, j]) * cutlass.Float32(tOrdO[e, i, j])
+                    for k in cutlass.range_constexpr(lanes.bit_length() - 1):
+                        part = part + cute.arch.shuffle_sync_bfly(part, offset=lanes >> (k + 1), mask=-1,
+                                                                  mask_and_clamp=31)
+                    if wtid % lanes == 0:
+                        sD0[WM * wg + tOcO[0, i, 0][0]] = part
+                cute.arch.barrier(barrier_id=WG_BARRIER + wg, number_of_threads=WG)
+                for r in cutlass.range_constexpr(n_rows):
+                    dv = sD0[tScS_mn[r, 0][0]]
+                    d0[r] = dv if (dv - dv) == 0.0 else cutlass.Float32(0.0)  # finite, else any constant (0)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             fills = cutlass.Int32(0)
             if cutlass.const_expr(PINGPONG):
@@ -417,7 +451,7 @@ class LazyAttentionDqSm90(HopperKernel):
             # staged through this warpgroup's own half of sQ (its last wgmma reading it completed; when no tile
             # ran, the half was never loaded and nothing reads it)
             gO = cute.local_tile(mdQ[b, h, None, None], (WM, D), (2 * mb + wg, 0))
-            store_through_smem(xy_mma, acc_X, sQ[None, None, wg], gO, m0 + WM * wg, LP, wtid, EPILOGUE_BARRIER + wg, dt,
+            store_through_smem(xy_mma, acc_X, sQ[None, None, wg], gO, m0 + WM * wg, LP, wtid, WG_BARRIER + wg, dt,
                                WM, D, False)
 
 def fake_args(key: KernelKey):
@@ -430,15 +464,15 @@ def fake_args(key: KernelKey):
     bias, tau = fake_rows(cutlass.Float32, (H, W), 4), fake_rows(cutlass.Float32, (H,), 4)
     lens = fake_rows(cutlass.Int32, (B,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return [q, kv, kv, q, vec, vec, bias, tau, lens, q, vec, vec, cutlass.Float32(1.0), stream]
+    return [q, kv, kv, q, vec, q, bias, tau, lens, q, vec, vec, cutlass.Float32(1.0), stream]
 
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): mbarriers, Q and dO [BM, D], STAGES tiles [BN, D] (each
-    1024-byte aligned), two fp32 bias tables."""
+    1024-byte aligned), two fp32 bias tables, D0 of the BM rows (fp32)."""
     D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
     return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BM * D * el, 1024),
-                         (BN * D * el * stages, 1024), (2 * TABLE * 4, 16)))
+                         (BN * D * el * stages, 1024), (2 * TABLE * 4, 16), (BM * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):

@@ -1,8 +1,8 @@
 """Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the op classes' base and compile step, shared
 memory sizes, thread roles, the query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad
 reduction and balanced sums, the ping-pong turns, the bias tables (by distance: a tile's diagonals, or every distance a
-CTA sees), which tiles need no mask or bias, which rows see exactly one key, and the store of a warpgroup's fp32
-accumulator through shared memory."""
+CTA sees), which tiles need no mask or bias, which rows see exactly one key, the 16-byte vector copy of a
+warpgroup's tile and the store of a warpgroup's fp32 accumulator through shared memory."""
 from typing import NamedTuple
 
 import cutlass
@@ -184,6 +184,22 @@ def one_key_row(m, lb, causal: cutlass.Constexpr):
     return one
 
 
+def vector_copy(dtype):
+    """A warpgroup's tiled copy of a [rows, cols] tile in 16-byte vectors: ``vector_lanes(dtype)`` consecutive threads
+    cover one row of 64 columns (one row of a 128-byte swizzle atom), WG / vector_lanes rows at a time; a thread's
+    partition is (vector, row repeat, 64-column repeat)."""
+    elems = 128 // dtype.width
+    lanes = vector_lanes(dtype)
+    atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    return cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // lanes, lanes), stride=(lanes, 1)),
+                                   cute.make_layout((1, elems)))
+
+
+def vector_lanes(dtype) -> int:
+    """Threads along one 64-column row of ``vector_copy(dtype)`` (consecutive threads, aligned within the warp)."""
+    return 64 // (128 // dtype.width)
+
+
 @cute.jit
 def store_through_smem(tiled_mma, acc, sO, gO, row0, row_end, wtid, bar_id, dtype: cutlass.Constexpr,
                        rows: cutlass.Constexpr, cols_d: cutlass.Constexpr, reuse: cutlass.Constexpr):
@@ -197,11 +213,7 @@ def store_through_smem(tiled_mma, acc, sO, gO, row0, row_end, wtid, bar_id, dtyp
     thr_s = s_copy.get_slice(wtid)
     cute.copy(s_copy, thr_s.retile(rO), thr_s.partition_D(sO))
     cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)
-    elems = 128 // dtype.width
-    lanes = 64 // elems  # threads along a 64-column swizzle atom row
-    atom_vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
-    gcopy = cute.make_tiled_copy_tv(atom_vec, cute.make_layout((WG // lanes, lanes), stride=(lanes, 1)),
-                                    cute.make_layout((1, elems)))
+    gcopy = vector_copy(dtype)
     thr_o = gcopy.get_slice(wtid)
     tsO = thr_o.partition_S(sO)
     tgO = thr_o.partition_D(gO)

@@ -1,14 +1,14 @@
 """CuTe DSL lazy attention backward launcher (SPEC section 1); imports no DSL.
 
-Two Hopper kernels: ``dq_sm90`` (``_lazy_attention_dq_sm90_kernel``, query-major, one sweep: Delta, the dtau row terms
-Rdiv = (1/i) sum_n Mk dA and dQ, from the row constants D0 = rowsum(dO * O) computed here) then ``dkdv_sm90``
+Two Hopper kernels: ``dq_sm90`` (``_lazy_attention_dq_sm90_kernel``, query-major, one sweep: the row constants
+D0 = rowsum(dO * O) in its prologue, then Delta, the dtau row terms Rdiv = (1/i) sum_n Mk dA and dQ) then ``dkdv_sm90``
 (``_lazy_attention_dkdv_sm90_kernel``, key-major: dK, dV summed over the GQA heads in a fixed order, and per-64-key
 block dbias partials). dbias and dtau are fixed-order float64 sums of those partials here, so every output is bitwise
 reproducible (no atomics).
 
 The kernels read rows in whole 64-row tiles: when L is not a multiple of 64, or lengths are given, q, k, v, dO are
 copied into zero-filled buffers of LP = ceil(L / 64) * 64 rows with positions >= lengths[b] zeroed (padding,
-NaN included, never reaches a product). Outputs are sliced back to L rows.
+NaN included, never reaches a product); so is O, which only ``dq_sm90`` reads. Outputs are sliced back to L rows.
 """
 import torch
 
@@ -31,8 +31,8 @@ def _rows(t: torch.Tensor, dtype, L: int, LP: int, pad_mask) -> torch.Tensor:
 def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, causal: bool):
     """(dq, dk, dv, dbias, dtau): dq/dk/dv in q/k/v's dtypes [B, H|Hkv, L, D] contiguous, dbias [H, W] and dtau [H]
     in bias/tau's dtypes. ``kernel(name)`` gives the loaded kernel ("dq", "dkdv") for this head dim, dtype, mask.
-    o [B, H, L, D] gives the row constants D0 = rowsum(dO * O) of the one-sweep dQ; lse [B, H, L] fp32 natural
-    log."""
+    o [B, H, L, D] (the forward output, taken in q's dtype) gives the row constants D0 = rowsum(dO * O) that
+    ``dq_sm90`` computes for its one-sweep dQ; lse [B, H, L] fp32 natural log."""
     B, H, L, D = q.shape
     Hkv = k.shape[1]
     W = bias.shape[1]
@@ -44,7 +44,7 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
     else:
         lens = lengths.to(device=dev, dtype=torch.int32).contiguous()
         pad_mask = torch.arange(LP, device=dev)[None, :] >= lens[:, None]
-    qp, kp, vp, dop = (_rows(t, dt, L, LP, pad_mask) for t in (q, k, v, do))
+    qp, kp, vp, dop, op = (_rows(t, dt, L, LP, pad_mask) for t in (q, k, v, do, o))
     if LP == L and lse.dtype == torch.float32 and lse.is_contiguous() and lse.data_ptr() % 16 == 0:  # TMA loads it
         lse_p = lse
     else:
@@ -60,9 +60,7 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
     WP = min(W, L)
     partial = torch.zeros(B, H, LP // TILE, 2 * WP - 1, dtype=torch.float32, device=dev)
     s = float(scale)
-    d0 = torch.zeros(B, H, LP, dtype=torch.float32, device=dev)  # any row constant is exact; this one is near Delta
-    d0[..., :L] = (do.to(dt) * o.to(dt)).sum(-1, dtype=torch.float32)
-    kernel("dq_sm90")(qp, kp, vp, dop, lse_p, d0, bias32, tau32, lens, dq, delta, rdiv, s)
+    kernel("dq_sm90")(qp, kp, vp, dop, lse_p, op, bias32, tau32, lens, dq, delta, rdiv, s)
     kernel("dkdv_sm90")(qp, kp, vp, dop, lse_p, delta, bias32, tau32, lens, dk, dv, partial, int(L), s)
     full = partial.sum((0, 2), dtype=torch.float64)  # [H, 2 WP - 1], index = signed distance + WP - 1
     dbias = full[:, WP - 1:].clone()
