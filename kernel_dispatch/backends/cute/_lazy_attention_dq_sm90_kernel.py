@@ -33,8 +33,9 @@ Registers at D = 128 per consumer thread: acc S 32 + acc dA 32 + X 64 + Y 64 fp3
 Synchronisation: as ``_lazy_attention_fwd_sm90_kernel`` (its docstring): QdO pipeline (1 stage, never released);
 KV pipeline (STAGES stages; empty[s] takes one arrive per consumer warp after the warpgroup's wgmma reading stage s
 completed: wait_group(0) precedes every release; V stages are released before the K stage of the same tile, which
-mbarriers allow: each stage has its own empty barrier); named barrier 1 (256 consumer threads): bias tables, one
-barrier per non-free tile, two table buffers; named barriers 2, 3: ping-pong turns (2 turns per tile per warpgroup,
+mbarriers allow: each stage has its own empty barrier); named barrier 1 (256 consumer threads): the bias table, once
+after the prologue's fill of the CTA's table where it fits (``CTA_TABLE``: causal min(W, LP) <= 6912, non-causal
+<= 3391), otherwise one barrier per non-free tile with two per-tile table buffers; named barriers 2, 3: ping-pong turns (2 turns per tile per warpgroup,
 warpgroup 1 arrives once on barrier 2 before its first turn, warpgroup 0 syncs once more on barrier 2 after its
 last); named barriers 4, 5 (the warpgroup's 128 threads): in the prologue between the writes of its rows of sD0 and
 their reads (only when tiles run, a CTA-uniform condition), then the epilogue staging of dQ through the warpgroup's
@@ -42,9 +43,10 @@ own half of sQ.
 
 Rules: the launcher zero-fills rows >= lengths[b] of q, k, v, dO, O (NaN included) and rows >= L, so no shared
 memory is zeroed here; rows >= LP (the block's tail past the tensors) arrive as zeros from TMA's out-of-bounds
-fill and are never stored. Keys >= lengths[b], the causal mask and rows >= lengths[b] are applied by selects on
-tiles that are not free (``_is_free``: every row and key of the 128 x 64 tile valid, every key visible, no bias),
-with the bias read from a shared table of the tile's BM + BN - 1 distances (log2 domain). Rows >= lengths[b] get
+fill and are never stored. Tiles that are not free (``_is_free``: every row and key of the 128 x 64 tile valid,
+every key visible, no bias) read the bias from the shared table by distance (log2 domain); keys >= lengths[b], the
+causal mask and rows >= lengths[b] are applied by selects only on those among them that cross lengths[b] or the
+diagonal (with the table index clamped to the table). Rows >= lengths[b] get
 dQ = 0, Delta = 0, Rdiv = 0. Deterministic: no atomics, fixed summation order.
 
 Layout (contiguous): Q, dO, O, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LSE, Delta, Rdiv [B, H, LP] fp32;
@@ -59,8 +61,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
-                     one_key_row, quad_reduce, query_block, store_through_smem, struct_bytes, thread_roles,
-                     tile_bias_table, turn_pass, turn_wait, vector_copy, vector_lanes)
+                     fill_cta_table, one_key_row, quad_reduce, query_block, store_through_smem, struct_bytes, thread_roles,
+                     tile_table, turn_pass, turn_wait, vector_copy, vector_lanes)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -90,6 +92,7 @@ NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-distance table (BM + BN - 1 used)
+CTA_TABLE = 7168  # entries of the CTA's table over every distance its tiles see (where they fit; shared memory)
 CONSUMER_BARRIER = 1
 WG_BARRIER = 4  # 4 and 5: a consumer warpgroup's own 128 threads (D0 in the prologue, dQ's staging at the end)
 PINGPONG = True
@@ -142,7 +145,7 @@ class LazyAttentionDqSm90(HopperKernel):
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * TABLE], 16]
+            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(CTA_TABLE, 2 * TABLE)], 16]
             sD0: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, BM], 16]
 
         LP = mQ.shape[2]
@@ -163,6 +166,27 @@ class LazyAttentionDqSm90(HopperKernel):
         if cutlass.const_expr(not self.causal):
             free = m0 + BM <= lb and n0 + BN <= lb and (dlo >= W or dlo + (BM + BN - 2) <= -W)
         return free
+
+    @cute.jit
+    def _unmasked_rows(self, acc_S_mn, acc_dA_mn, tScS_mn, tbl, sc2, lse2, thr, d0, r_acc, d_acc,
+                       biased: cutlass.Constexpr):
+        """A tile with no mask (every row and key below lengths[b], every key visible; ``biased``: from the table
+        ``tbl``): P, Mk, the row sums R and Delta, and T = P (Mk dA - D0) in place (acc_S <- P, acc_dA <- T)."""
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
+            rs = cutlass.Float32(0.0)
+            ds_ = cutlass.Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
+                sv = acc_S_mn[r, c] * sc2 - lse2[r]
+                if cutlass.const_expr(biased):
+                    sv = acc_S_mn[r, c] * sc2 + tbl[tScS_mn[r, 0][0] - tScS_mn[0, c][1] + (BN - 1)] - lse2[r]
+                p = cute.math.exp2(sv, fastmath=True)
+                dp = acc_dA_mn[r, c] if p + thr[r] > 0.0 else cutlass.Float32(0.0)
+                rs = rs + dp
+                ds_ = ds_ + p * dp
+                acc_dA_mn[r, c] = p * (dp - d0[r])  # T
+                acc_S_mn[r, c] = p
+            r_acc[r] = r_acc[r] + rs
+            d_acc[r] = d_acc[r] + ds_
 
     @cute.kernel
     def kernel(self, s_first: cute.TiledMma, s_rest: cute.TiledMma, xy_mma: cute.TiledMma,
@@ -192,7 +216,7 @@ class LazyAttentionDqSm90(HopperKernel):
         sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, sKt_layout.inner), sKt_layout.outer)
-        sT = storage.sT.get_tensor(cute.make_layout((TABLE, 2)))
+        sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
         sD0 = storage.sD0.get_tensor(cute.make_layout(BM))
 
         q_pipe = pipeline.PipelineTmaAsync.create(
@@ -312,6 +336,9 @@ class LazyAttentionDqSm90(HopperKernel):
                 r_acc[r] = 0.0
                 d_acc[r] = 0.0
 
+            # the CTA's bias table, filled while the TMA of Q and dO is in flight (W too large for it: per-tile
+            # tables)
+            cta = fill_cta_table(sT, ctid, 2 * WG, W, LP, mBias, h, BM, BN, self.causal, CTA_TABLE)
             if n_blocks > 0:
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
                 q_pipe.consumer_wait(q_state)
@@ -334,6 +361,8 @@ class LazyAttentionDqSm90(HopperKernel):
                 for r in cutlass.range_constexpr(n_rows):
                     dv = sD0[tScS_mn[r, 0][0]]
                     d0[r] = dv if (dv - dv) == 0.0 else cutlass.Float32(0.0)  # finite, else any constant (0)
+            if cta.whole:  # the table is read only after this
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             fills = cutlass.Int32(0)
             if cutlass.const_expr(PINGPONG):
@@ -343,8 +372,11 @@ class LazyAttentionDqSm90(HopperKernel):
             for nb in cutlass.range(n_blocks, unroll=1):
                 n0 = nb * BN
                 free = self._is_free(m0, n0, lb, W)
-                tbl, fills = tile_bias_table(sT, fills, not free, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h,
-                                             self.causal, CONSUMER_BARRIER, 2 * WG)
+                tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE,
+                                              self.causal, CONSUMER_BARRIER, 2 * WG)
+                masked = not (m0 + BM <= lb and n0 + BN <= lb)  # (rows or keys past lengths[b]; causal: the diagonal)
+                if cutlass.const_expr(self.causal):
+                    masked = masked or n0 + BN - 1 > m0
                 # ---- turn A: S = Q K^T, dA = dO V^T
                 k_state = kv_state.clone()
                 kv_pipe.consumer_wait(kv_state)  # K(nb)
@@ -368,18 +400,9 @@ class LazyAttentionDqSm90(HopperKernel):
 
                 # ---- P, Mk, row sums, T = P (Mk dA - D0)
                 if free:
-                    for r in cutlass.range_constexpr(n_rows):
-                        rs = cutlass.Float32(0.0)
-                        ds_ = cutlass.Float32(0.0)
-                        for c in cutlass.range_constexpr(n_cols):
-                            p = cute.math.exp2(acc_S_mn[r, c] * sc2 - lse2[r], fastmath=True)
-                            dp = acc_dA_mn[r, c] if p + thr[r] > 0.0 else cutlass.Float32(0.0)
-                            rs = rs + dp
-                            ds_ = ds_ + p * dp
-                            acc_dA_mn[r, c] = p * (dp - d0[r])  # T
-                            acc_S_mn[r, c] = p
-                        r_acc[r] = r_acc[r] + rs
-                        d_acc[r] = d_acc[r] + ds_
+                    self._unmasked_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, sc2, lse2, thr, d0, r_acc, d_acc, False)
+                elif not masked:
+                    self._unmasked_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, sc2, lse2, thr, d0, r_acc, d_acc, True)
                 else:
                     for r in cutlass.range_constexpr(n_rows):
                         mr = tScS_mn[r, 0][0]
@@ -394,7 +417,9 @@ class LazyAttentionDqSm90(HopperKernel):
                             vis = row_ok and n < lb
                             if cutlass.const_expr(self.causal):
                                 vis = vis and n <= m
-                            sv = acc_S_mn[r, c] * sc2 + tbl[mr - nc + (BN - 1)] - lse2[r]
+                            # (clamped: rows or keys past lengths[b] can see distances past the CTA's table)
+                            sv = acc_S_mn[r, c] * sc2 + tbl[cutlass.min(cutlass.max(mr - nc + (BN - 1), span.lo),
+                                                                        span.hi)] - lse2[r]
                             p = cute.math.exp2(sv, fastmath=True)
                             p = p if vis else cutlass.Float32(0.0)
                             p = cutlass.Float32(1.0) if (vis and one) else p
@@ -469,10 +494,11 @@ def fake_args(key: KernelKey):
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): mbarriers, Q and dO [BM, D], STAGES tiles [BN, D] (each
-    1024-byte aligned), two fp32 bias tables, D0 of the BM rows (fp32)."""
+    1024-byte aligned), the fp32 bias table of CTA_TABLE entries, D0 of the BM rows (fp32)."""
     D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
     return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BM * D * el, 1024),
-                         (BN * D * el * stages, 1024), (2 * TABLE * 4, 16), (BM * 4, 16)))
+                         (BN * D * el * stages, 1024), (max(CTA_TABLE, 2 * TABLE) * 4, 16),
+                         (BM * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):

@@ -82,9 +82,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
-                     TableSpan, fill_distance_table,
+                     fill_cta_table,
                      keys_free, pairwise_sum, query_block, quad_reduce, store_through_smem, struct_bytes, thread_roles,
-                     tile_bias_table, turn_pass, turn_wait)
+                     tile_table, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -196,7 +196,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         crosses lengths[b] or, causal, the diagonal), masks, in place. Masked entries are set to -inf by a select
         (never by adding -inf: a NaN product of a masked key must not reach its row). A masked tile may see
         distances past the table (keys or rows beyond lengths[b], far from the band): its indices are clamped to
-        ``span`` (:class:`TableSpan`), whose end entries hold bias 0."""
+        ``span`` (:class:`_tiles.TableSpan`), whose end entries hold bias 0."""
         if not masked:
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 j = tScS_mn[0, c][1]
@@ -242,26 +242,17 @@ class LazyAttentionFwdSm90(HopperKernel):
 
     @cute.jit
     def _tile(self, second: cutlass.Constexpr, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, x, y,
-              whole, d_first, t_all):
+              cta):
         """Sweep 1's row statistics (x, y: row max, row sum; :meth:`_sweep1_rows`) or, ``second``, sweep 2's A (x, y:
         lse2, tau / i; :meth:`_sweep2_rows`) of the tile at keys n0; returns the updated count of per-tile fills.
-        The bias of a non-free tile comes from the CTA's table (``whole``; ``d_first``: the distance of its entry 0,
-        ``t_all`` its entries) or, where W is too large for that table, from a per-tile table filled here."""
+        The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a per-tile table
+        filled here (``cta``: :class:`_tiles.CtaTable`)."""
         free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
         masked = n0 + BN > lb
         if cutlass.const_expr(self.causal):
             masked = masked or n0 + BN - 1 > m0
-        # entry 0 of the tile's view: distance m0 - n0 - (BN - 1)
-        toff = m0 - n0 - (BN - 1) - d_first
-        if not whole:
-            _, fills = tile_bias_table(cute.make_tensor(sT.iterator, cute.make_layout((TABLE, 2))), fills,
-                                       not free, ctid, BM + BN - 1, m0 - n0 - (BN - 1), W,
-                                       mBias, h, self.causal, CONSUMER_BARRIER, 2 * WG)
-            toff = ((fills + 1) % 2) * TABLE
-        span = TableSpan(-toff, t_all - 1 - toff)
-        if not whole:
-            span = TableSpan(cutlass.Int32(0), cutlass.Int32(TABLE - 1))
-        tbl = cute.make_tensor(sT.iterator + toff, cute.make_layout(TABLE))
+        tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
+                                      CONSUMER_BARRIER, 2 * WG)
         if cutlass.const_expr(second):
             self._sweep2_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
         else:
@@ -475,19 +466,9 @@ class LazyAttentionFwdSm90(HopperKernel):
             row_max.fill(-cutlass.Float32.inf)
             row_sum.fill(0.0)
 
-            # ---------------- the CTA's bias table over distances d_lo .. d_lo + t_all - 1 (every distance a band
-            # tile sees: |d| < min(W, L) + BM + BN; its end entries are 0, past the band), filled while Q's TMA is in
-            # flight; W too large for it: per-tile tables (``_tile``)
-            w_eff = cutlass.min(W, L)
-            if cutlass.const_expr(self.causal):
-                d_lo = cutlass.Int32(-(BN - 1))
-                t_all = w_eff + BM + 2 * BN
-            else:
-                d_lo = -(w_eff + BM + BN)
-                t_all = 2 * (w_eff + BM + BN) + 1
-            whole = t_all <= CTA_TABLE
-            if whole:
-                fill_distance_table(sT, ctid, 2 * WG, t_all, d_lo, W, mBias, h, self.causal)
+            # ---------------- the CTA's bias table, filled while Q's TMA is in flight (W too large for it: per-tile
+            # tables, ``_tile``)
+            cta = fill_cta_table(sT, ctid, 2 * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE)
 
             # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -499,7 +480,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                         sQ[r % WM, i - r * D, r // WM] = dt(0.0)
                 cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-            if whole:  # the table is read only after this
+            if cta.whole:  # the table is read only after this
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
 
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -531,7 +512,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                     warpgroup.wait_group(SWEEP1_TILES - 1 - t)
                     kv_pipe.consumer_release(states[t])
                     fills = self._tile(False, acc_mn_view(accs[t]), (SWEEP1_TILES * grp + t) * BN, sT, fills, ctid,
-                                       m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum, whole, d_lo, t_all)
+                                       m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum, cta)
             for nb in cutlass.range(n_blocks - n_blocks % SWEEP1_TILES, n_blocks, unroll=1):  # the last tiles alone
                 kv_pipe.consumer_wait(kv_state)
                 warpgroup.fence()
@@ -543,7 +524,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
                 fills = self._tile(False, acc_S_mn, nb * BN, sT, fills, ctid, m0, lb, W, mBias, h,
-                                   tScS_mn, sc2, row_max, row_sum, whole, d_lo, t_all)
+                                   tScS_mn, sc2, row_max, row_sum, cta)
             # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
             lane = tidx % 4
             for r in cutlass.range_constexpr(n_rows):
@@ -567,7 +548,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, whole, d_lo, t_all)
+                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta)
                 tOrP_as_S.store(acc_S.load().to(dt))
             for nb in cutlass.range(1, n_blocks2, unroll=1):
                 n0 = nb * BN
@@ -585,7 +566,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
                 kv_pipe.consumer_release(k_state)
-                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, whole, d_lo, t_all)
+                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta)
                 warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()

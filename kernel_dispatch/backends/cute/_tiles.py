@@ -144,6 +144,52 @@ def fill_distance_table(tbl, t0, step: cutlass.Constexpr, count, d_first, W, mBi
         tbl[t] = bias_at(d_first + t, W, mBias, h, causal)
 
 
+class CtaTable(NamedTuple):
+    """Where a CTA's bias comes from: ``whole``: its own table over the distances d_first .. d_first + entries - 1
+    (every distance a band tile of the CTA sees, :func:`fill_cta_table`); otherwise per-tile tables."""
+    whole: cutlass.Boolean
+    d_first: cutlass.Int32
+    entries: cutlass.Int32
+
+
+@cute.jit
+def fill_cta_table(sT, t, threads: cutlass.Constexpr, W, L, mBias, h, BM: cutlass.Constexpr, BN: cutlass.Constexpr,
+                   causal: cutlass.Constexpr, cap: cutlass.Constexpr) -> CtaTable:
+    """Fill (thread ``t`` of ``threads``; the caller's barrier publishes it) the CTA's table over every distance its
+    [BM, BN] band tiles see, |d| < min(W, L) + BM + BN (causal d > -BN), where that is at most ``cap`` entries; its
+    end entries hold bias 0. A table filled once replaces one fill and barrier per band tile."""
+    w_eff = cutlass.min(W, L)
+    d_first = -(w_eff + BM + BN)
+    entries = 2 * (w_eff + BM + BN) + 1
+    if cutlass.const_expr(causal):
+        d_first = cutlass.Int32(-(BN - 1))
+        entries = w_eff + BM + 2 * BN
+    whole = entries <= cap
+    if whole:
+        fill_distance_table(sT, t, threads, entries, d_first, W, mBias, h, causal)
+    return CtaTable(whole, d_first, entries)
+
+
+@cute.jit
+def tile_table(sT, cta: CtaTable, fills, needed, t, m0, n0, W, mBias, h, BM: cutlass.Constexpr,
+               BN: cutlass.Constexpr, table: cutlass.Constexpr, causal: cutlass.Constexpr, barrier_id,
+               threads: cutlass.Constexpr):
+    """(view, span, fills): the bias of tile [m0, m0 + BM) x [n0, n0 + BN) as a view of ``table`` entries whose
+    entry e is distance m0 - n0 - (BN - 1) + e, the :class:`TableSpan` the view may index, and the updated count of
+    per-tile fills. From the CTA's table where ``cta.whole``; otherwise a tile that ``needed`` one fills a per-tile
+    table (:func:`tile_bias_table` on the first 2 * table entries of sT)."""
+    toff = m0 - n0 - (BN - 1) - cta.d_first
+    lo = -toff
+    hi = cta.entries - 1 - toff
+    if not cta.whole:
+        _, fills = tile_bias_table(cute.make_tensor(sT.iterator, cute.make_layout((table, 2))), fills, needed, t,
+                                   BM + BN - 1, m0 - n0 - (BN - 1), W, mBias, h, causal, barrier_id, threads)
+        toff = ((fills + 1) % 2) * table
+        lo = cutlass.Int32(0)
+        hi = cutlass.Int32(table - 1)
+    return cute.make_tensor(sT.iterator + toff, cute.make_layout(table)), TableSpan(lo, hi), fills
+
+
 @cute.jit
 def tile_bias_table(tables, fills, needed, t, entries: cutlass.Constexpr, d_first, W, mBias, h,
                     causal: cutlass.Constexpr, barrier_id, threads: cutlass.Constexpr):
