@@ -63,13 +63,13 @@ out-of-bounds fill) and stores nothing.
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (DSL_DTYPES, LOG2E, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows, one_key_row,
-                     store_through_smem, struct_bytes, thread_roles, tile_bias_table)
+from ._tiles import (DSL_DTYPES, LOG2E, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel, fake_rows,
+                     one_key_row, score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles,
+                     tile_bias_table, tma_pipeline, tma_views)
 
 KERNELS = ("dkdv_sm90",)
 ARGS = {
@@ -88,7 +88,7 @@ STAGES = {64: 6, 128: 3}  # Q/dO ring depth per head dim
 DEFER = {64: True, 128: False}  # release a stage one tile late (its dV, dK GEMMs complete under the next tile's)
 DS_SMEM = {64: False, 128: False}  # dK's A operand dS^T from shared memory: frees 16 registers, so D = 128 fits DEFER
 # without serialization; timed on an H100 with DEFER at D = 128: 1.28 ms vs 1.22 ms without both, so off (its
-# correctness was not checked on a GPU)
+# correctness is unchecked on a GPU)
 DS_STRIDE = 72  # row stride of the dS staging (fp32 words; = 8 mod 32: 2-way bank conflicts on the stores)
 NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
@@ -107,20 +107,13 @@ class LazyAttentionDkdvSm90(HopperKernel):
                  mdV: cute.Tensor, mPart: cute.Tensor, L: cutlass.Int32, scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
-        K_MAJOR = cute.nvgpu.OperandMajorMode.K
-        MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
-
-        # S^T = K_w Q^T and dA^T = V_w dO^T: A = the warpgroup's K / V half (WN x D, K-major), B = Q / dO (BM x D)
-        s_first = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WN, BM))
-        s_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WN, BM))
-        # dV += A^T dO, dK += dS^T Q: A from registers (WN x BM), B = dO^T / Q^T (D x BM, D contiguous: MN-major)
-        kv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WN, D),
-                                                   warpgroup.OperandSource.RMEM)
-
+        # S^T = K_w Q^T and dA^T = V_w dO^T: A = the warpgroup's K / V half (WN x D), B = Q / dO (BM x D)
+        s_first, s_rest = score_mmas(dt, WN, BM)
+        # dV += A^T dO, dK += dS^T Q: A from registers (WN x BM), B = dO^T / Q^T (D x BM, D contiguous)
+        kv_mma = accumulate_mma(dt, WN, D)
         # dK += dS^T Q with dS^T from shared memory (DS_SMEM): A = sDsb (WN x BM, K-major)
-        dk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WN, D))
-        k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
-        mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
+        dk_mma = accumulate_mma(dt, WN, D, a_in_registers=False)
+        k_atom, mn_atom = sw128_atoms(dt)
         sKV_layout = cute.tile_to_shape(k_atom, (WN, D, 2), order=(0, 1, 2))  # two halves, one per warpgroup
         sQ_layout = cute.tile_to_shape(k_atom, (BM, D, self.stages), order=(0, 1, 2))
         sQt_layout = cute.tile_to_shape(mn_atom, (D, BM, self.stages), order=(1, 0, 2))  # same bytes, MN-major
@@ -236,16 +229,8 @@ class LazyAttentionDkdvSm90(HopperKernel):
         sT = storage.sT.get_tensor(cute.make_layout((TABLE, 2, 2)))
         sDs = storage.sDs.get_tensor(cute.make_layout((WN, BM, 2), stride=(DS_STRIDE, 1, WN * DS_STRIDE)))
 
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
-            tx_count=2 * BN * D * dt.width // 8)
-        qd_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.qd_mbar.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
-            tx_count=2 * BM * D * dt.width // 8 + 2 * BM * 4)
+        kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), 1, 2 * BN * D * dt.width // 8)
+        qd_pipe = tma_pipeline(storage.qd_mbar.data_ptr(), self.stages, 2 * BM * D * dt.width // 8 + 2 * BM * 4)
 
         if wg_idx == 0:
             # ============================ producer warpgroup: warp 0 issues the TMA loads
@@ -255,10 +240,8 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     cpasync.prefetch_descriptor(atom)
                 gK = cute.local_tile(tma_k_t[None, None, hk, b], (WN, D), (None, 0))
                 gV = cute.local_tile(tma_v_t[None, None, hk, b], (WN, D), (None, 0))
-                tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                                   cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                                   cute.group_modes(gV, 0, 2))
+                tKsK, tKgK = tma_views(tma_k, sK, gK)
+                tVsV, tVgV = tma_views(tma_v, sV, gV)
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 kv_pipe.producer_acquire(kv_state)
                 for half in cutlass.range_constexpr(2):
@@ -275,14 +258,10 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     gdO = cute.local_tile(tma_do_t[None, None, h, b], (BM, D), (None, 0))
                     gL = cute.local_tile(tma_l_t[None, h, b], (BM,), (None,))
                     gDl = cute.local_tile(tma_d_t[None, h, b], (BM,), (None,))
-                    tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                                     cute.group_modes(gQ, 0, 2))
-                    tOs, tOg = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                                                     cute.group_modes(gdO, 0, 2))
-                    tLs, tLg = cpasync.tma_partition(tma_l, 0, cute.make_layout(1), cute.group_modes(sL, 0, 1),
-                                                     cute.group_modes(gL, 0, 1))
-                    tDs, tDg = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sDl, 0, 1),
-                                                     cute.group_modes(gDl, 0, 1))
+                    tQs, tQg = tma_views(tma_q, sQ, gQ)
+                    tOs, tOg = tma_views(tma_do, sdO, gdO)
+                    tLs, tLg = tma_views(tma_l, sL, gL, 1)
+                    tDs, tDg = tma_views(tma_d, sDl, gDl, 1)
                     qd_pipe.producer_acquire(st)
                     bar = qd_pipe.producer_get_barrier(st)
                     cute.copy(tma_q, tQg[None, qb], tQs[None, st.index], tma_bar_ptr=bar)

@@ -35,11 +35,11 @@ KV pipeline (STAGES stages; empty[s] takes one arrive per consumer warp after th
 completed: wait_group(0) precedes every release; V stages are released before the K stage of the same tile, which
 mbarriers allow: each stage has its own empty barrier); named barrier 1 (256 consumer threads): the bias table, once
 after the prologue's fill of the CTA's table where it fits (``CTA_TABLE``: causal min(W, LP) <= 6912, non-causal
-<= 3391), otherwise one barrier per non-free tile with two per-tile table buffers; named barriers 2, 3: ping-pong turns (2 turns per tile per warpgroup,
-warpgroup 1 arrives once on barrier 2 before its first turn, warpgroup 0 syncs once more on barrier 2 after its
-last); named barriers 4, 5 (the warpgroup's 128 threads): in the prologue between the writes of its rows of sD0 and
-their reads (only when tiles run, a CTA-uniform condition), then the epilogue staging of dQ through the warpgroup's
-own half of sQ.
+<= 3391), otherwise one barrier per non-free tile with two per-tile table buffers; named barriers 2, 3: ping-pong
+turns (2 turns per tile per warpgroup, warpgroup 1 arrives once on barrier 2 before its first turn, warpgroup 0 syncs
+once more on barrier 2 after its last); named barriers 4, 5 (the warpgroup's 128 threads): in the prologue between
+the writes of its rows of sD0 and their reads (only when tiles run, a CTA-uniform condition), then the epilogue
+staging of dQ through the warpgroup's own half of sQ.
 
 Rules: the launcher zero-fills rows >= lengths[b] of q, k, v, dO, O (NaN included) and rows >= L, so no shared
 memory is zeroed here; rows >= LP (the block's tail past the tensors) arrive as zeros from TMA's out-of-bounds
@@ -56,13 +56,13 @@ Bias [H, W], Tau [H] fp32; Lens [B] int32. B, H, Hkv, LP, W are runtime values; 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
-                     fill_cta_table, one_key_row, quad_reduce, query_block, store_through_smem, struct_bytes, thread_roles,
-                     tile_table, turn_pass, turn_wait, vector_copy, vector_lanes)
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
+                     fake_rows, fill_cta_table, one_key_row, quad_reduce, query_block, score_mmas, store_through_smem,
+                     struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views, turn_pass, turn_wait,
+                     vector_copy, vector_lanes)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -108,18 +108,12 @@ class LazyAttentionDqSm90(HopperKernel):
                  mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
-        K_MAJOR = cute.nvgpu.OperandMajorMode.K
-        MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
+        # S = Q K^T and dA = dO V^T: (WM, BN), A = the Q / dO half, B = the K / V tile
+        s_first, s_rest = score_mmas(dt, WM, BN)
+        # X += T K, Y += P K: (WM, D), A from registers (WM x BN), B = K^T (D x BN, D contiguous)
+        xy_mma = accumulate_mma(dt, WM, D)
 
-        # S = Q K^T and dA = dO V^T: (WM, BN), A K-major (Q / dO half), B K-major (K / V tile)
-        s_first = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
-        s_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
-        # X += T K, Y += P K: (WM, D), A from registers (WM x BN), B = K^T (D x BN, D contiguous: MN-major)
-        xy_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WM, D),
-                                                   warpgroup.OperandSource.RMEM)
-
-        k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
-        mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
+        k_atom, mn_atom = sw128_atoms(dt)
         sQ_layout = cute.tile_to_shape(k_atom, (WM, D, 2), order=(0, 1, 2))
         sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
         # the same bytes as sK_layout with the two modes swapped (checked: both are
@@ -168,19 +162,39 @@ class LazyAttentionDqSm90(HopperKernel):
         return free
 
     @cute.jit
-    def _unmasked_rows(self, acc_S_mn, acc_dA_mn, tScS_mn, tbl, sc2, lse2, thr, d0, r_acc, d_acc,
-                       biased: cutlass.Constexpr):
-        """A tile with no mask (every row and key below lengths[b], every key visible; ``biased``: from the table
-        ``tbl``): P, Mk, the row sums R and Delta, and T = P (Mk dA - D0) in place (acc_S <- P, acc_dA <- T)."""
+    def _tile_rows(self, acc_S_mn, acc_dA_mn, tScS_mn, tbl, span, m0, n0, lb, sc2, lse2, thr, d0, r_acc, d_acc,
+                   biased: cutlass.Constexpr, masked: cutlass.Constexpr):
+        """P, Mk, the row sums R and Delta, and T = P (Mk dA - D0) of one tile, in place (acc_S <- P, acc_dA <- T).
+        ``biased``: bias from the table ``tbl``; ``masked``: rows and keys past lengths[b], the causal mask and the
+        one-key rows by selects, the table index clamped to ``span`` (such a tile can see distances past the CTA's
+        table)."""
         for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
+            mr = tScS_mn[r, 0][0]
+            m = m0 + mr
+            row_ok = m < lb
+            one = one_key_row(m, lb, self.causal)
             rs = cutlass.Float32(0.0)
             ds_ = cutlass.Float32(0.0)
             for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
+                nc = tScS_mn[0, c][1]
                 sv = acc_S_mn[r, c] * sc2 - lse2[r]
-                if cutlass.const_expr(biased):
-                    sv = acc_S_mn[r, c] * sc2 + tbl[tScS_mn[r, 0][0] - tScS_mn[0, c][1] + (BN - 1)] - lse2[r]
+                if cutlass.const_expr(biased and masked):
+                    sv = acc_S_mn[r, c] * sc2 + tbl[cutlass.min(cutlass.max(mr - nc + (BN - 1), span.lo), span.hi)] \
+                        - lse2[r]
+                elif cutlass.const_expr(biased):
+                    sv = acc_S_mn[r, c] * sc2 + tbl[mr - nc + (BN - 1)] - lse2[r]
                 p = cute.math.exp2(sv, fastmath=True)
-                dp = acc_dA_mn[r, c] if p + thr[r] > 0.0 else cutlass.Float32(0.0)
+                if cutlass.const_expr(masked):
+                    n = n0 + nc
+                    vis = row_ok and n < lb
+                    if cutlass.const_expr(self.causal):
+                        vis = vis and n <= m
+                    p = p if vis else cutlass.Float32(0.0)
+                    p = cutlass.Float32(1.0) if (vis and one) else p
+                    keep = vis and (p + thr[r] > 0.0)
+                else:
+                    keep = p + thr[r] > 0.0
+                dp = acc_dA_mn[r, c] if keep else cutlass.Float32(0.0)
                 rs = rs + dp
                 ds_ = ds_ + p * dp
                 acc_dA_mn[r, c] = p * (dp - d0[r])  # T
@@ -219,29 +233,17 @@ class LazyAttentionDqSm90(HopperKernel):
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
         sD0 = storage.sD0.get_tensor(cute.make_layout(BM))
 
-        q_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
-            tx_count=2 * BM * D * dt.width // 8)
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
-            tx_count=BN * D * dt.width // 8)
+        q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, 2 * BM * D * dt.width // 8)
+        kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8)
 
         gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))
         gdO = cute.local_tile(tma_do_t[None, None, h, b], (WM, D), (None, 0))
         gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
         gV = cute.local_tile(tma_v_t[None, None, hk, b], (BN, D), (None, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
-        tdOsdO, tdOgdO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                                               cute.group_modes(gdO, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
+        tdOsdO, tdOgdO = tma_views(tma_do, sdO, gdO)
+        tKsK, tKgK = tma_views(tma_k, sK, gK)
+        tVsV, tVgV = tma_views(tma_v, sK, gV)
 
         if wg_idx == 0:
             # ============================ producer warpgroup: warp 0 issues the TMA loads
@@ -304,7 +306,6 @@ class LazyAttentionDqSm90(HopperKernel):
             acc_S_mn = acc_mn_view(acc_S)
             acc_dA_mn = acc_mn_view(acc_dA)
             n_rows = cute.size(acc_S_mn.shape[0])
-            n_cols = cute.size(acc_S_mn.shape[1])
 
             lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
@@ -400,37 +401,14 @@ class LazyAttentionDqSm90(HopperKernel):
 
                 # ---- P, Mk, row sums, T = P (Mk dA - D0)
                 if free:
-                    self._unmasked_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, sc2, lse2, thr, d0, r_acc, d_acc, False)
+                    self._tile_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, span, m0, n0, lb, sc2, lse2, thr, d0, r_acc,
+                                    d_acc, False, False)
                 elif not masked:
-                    self._unmasked_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, sc2, lse2, thr, d0, r_acc, d_acc, True)
+                    self._tile_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, span, m0, n0, lb, sc2, lse2, thr, d0, r_acc,
+                                    d_acc, True, False)
                 else:
-                    for r in cutlass.range_constexpr(n_rows):
-                        mr = tScS_mn[r, 0][0]
-                        m = m0 + mr
-                        row_ok = m < lb
-                        one = one_key_row(m, lb, self.causal)
-                        rs = cutlass.Float32(0.0)
-                        ds_ = cutlass.Float32(0.0)
-                        for c in cutlass.range_constexpr(n_cols):
-                            nc = tScS_mn[0, c][1]
-                            n = n0 + nc
-                            vis = row_ok and n < lb
-                            if cutlass.const_expr(self.causal):
-                                vis = vis and n <= m
-                            # (clamped: rows or keys past lengths[b] can see distances past the CTA's table)
-                            sv = acc_S_mn[r, c] * sc2 + tbl[cutlass.min(cutlass.max(mr - nc + (BN - 1), span.lo),
-                                                                        span.hi)] - lse2[r]
-                            p = cute.math.exp2(sv, fastmath=True)
-                            p = p if vis else cutlass.Float32(0.0)
-                            p = cutlass.Float32(1.0) if (vis and one) else p
-                            keep = vis and (p + thr[r] > 0.0)
-                            dp = acc_dA_mn[r, c] if keep else cutlass.Float32(0.0)
-                            rs = rs + dp
-                            ds_ = ds_ + p * dp
-                            acc_dA_mn[r, c] = p * (dp - d0[r])  # T
-                            acc_S_mn[r, c] = p
-                        r_acc[r] = r_acc[r] + rs
-                        d_acc[r] = d_acc[r] + ds_
+                    self._tile_rows(acc_S_mn, acc_dA_mn, tScS_mn, tbl, span, m0, n0, lb, sc2, lse2, thr, d0, r_acc,
+                                    d_acc, True, True)
 
                 tXrT_as_S.store(acc_dA.load().to(dt))
                 tXrP_as_S.store(acc_S.load().to(dt))
@@ -474,7 +452,7 @@ class LazyAttentionDqSm90(HopperKernel):
                     val = (acc_X_mn[r, c] - corr * acc_Y_mn[r, c]) * scale
                     acc_X_mn[r, c] = cutlass.Float32(0.0) if zero else val
             # staged through this warpgroup's own half of sQ (its last wgmma reading it completed; when no tile
-            # ran, the half was never loaded and nothing reads it)
+            # runs, the half is never loaded and nothing reads it)
             gO = cute.local_tile(mdQ[b, h, None, None], (WM, D), (2 * mb + wg, 0))
             store_through_smem(xy_mma, acc_X, sQ[None, None, wg], gO, m0 + WM * wg, LP, wtid, WG_BARRIER + wg, dt,
                                WM, D, False)

@@ -19,8 +19,8 @@ One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 t
   exponentials;
   sweep 2: P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation); one turn
   issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's exponentials run under the
-  latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight across a loop's back edge: where
-  one was, ptxas serialised every wgmma of the kernel (warning C7514; the kernel ran 16 % slower).
+  latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight across a loop's back edge: one
+  that is makes ptxas serialise every wgmma of the kernel (warning C7514; 16 % slower, measured).
 - producer order: sweep 1 K(0) .. K(n - 1); sweep 2 K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1),
   which is the order the consumers wait in.
 
@@ -76,15 +76,14 @@ int32; LSE [B, H, L] fp32. B, H, Hkv, L, W are runtime values; D, dtype and caus
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, compile_kernel, fake_rows,
-                     fill_cta_table,
-                     keys_free, pairwise_sum, query_block, quad_reduce, store_through_smem, struct_bytes, thread_roles,
-                     tile_table, turn_pass, turn_wait)
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
+                     fake_rows, fill_cta_table, keys_free, pairwise_sum, quad_reduce, query_block, score_mmas,
+                     store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views,
+                     turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -132,19 +131,12 @@ class LazyAttentionFwdSm90(HopperKernel):
                  mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor, scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
-        K_MAJOR = cute.nvgpu.OperandMajorMode.K
-        MN_MAJOR = cute.nvgpu.OperandMajorMode.MN
+        # S = Q K^T per consumer warpgroup: A = its Q half (WM x D), B = K (BN x D)
+        qk_mma, qk_rest = score_mmas(dt, WM, BN)
+        # O += A V: A from registers (WM x BN per warpgroup), B = V^T (D x BN, D contiguous)
+        pv_mma = accumulate_mma(dt, WM, D)
 
-        # S = Q K^T per consumer warpgroup: A = its Q half (WM x D, K-major), B = K (BN x D, K-major)
-        qk_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
-        qk_rest = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, K_MAJOR, cutlass.Float32, (1, 1, 1), (WM, BN))
-        # O += A V: A from registers (WM x BN per warpgroup), B = V^T (D x BN, D contiguous: MN-major)
-        pv_mma = sm90_utils.make_trivial_tiled_mma(dt, dt, K_MAJOR, MN_MAJOR, cutlass.Float32, (1, 1, 1), (WM, D),
-                                                   warpgroup.OperandSource.RMEM)
-
-        # shared memory layouts: 128-byte swizzles (D * 16 bits is a multiple of 1024 for D = 64 and 128)
-        k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
-        mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
+        k_atom, mn_atom = sw128_atoms(dt)
         sQ_layout = cute.tile_to_shape(k_atom, (WM, D, 2), order=(0, 1, 2))  # one half [WM, D] per warpgroup
         sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
         sV_layout = cute.tile_to_shape(mn_atom, (D, BN, self.stages), order=(1, 0, 2))
@@ -368,27 +360,16 @@ class LazyAttentionFwdSm90(HopperKernel):
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
 
         # pipelines (every thread takes part in the mbarrier init and the CTA barrier create() ends with)
-        q_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
-            tx_count=BM * D * dt.width // 8)
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # one arrive per consumer warp
-            tx_count=BN * D * dt.width // 8)
+        q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, BM * D * dt.width // 8)
+        kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8)
 
         # TMA partitions: (TMA,) for Q, (TMA, STAGES) / (TMA, key tiles) for K and V
         gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query halves)
         gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
         gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
+        tKsK, tKgK = tma_views(tma_k, sK, gK)
+        tVsV, tVgV = tma_views(tma_v, sV, gV)
 
         if wg_idx == 0:
             # ============================ producer warpgroup: warp 0 issues the TMA loads
@@ -457,7 +438,6 @@ class LazyAttentionFwdSm90(HopperKernel):
             acc_S_mn = acc_mn_view(acc_S)
             acc_O_mn = acc_mn_view(acc_O)
             n_rows = cute.size(acc_S_mn.shape[0])
-            n_cols = cute.size(acc_S_mn.shape[1])
 
             row_max = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
@@ -548,7 +528,8 @@ class LazyAttentionFwdSm90(HopperKernel):
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta)
+                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
+                                   cta)
                 tOrP_as_S.store(acc_S.load().to(dt))
             for nb in cutlass.range(1, n_blocks2, unroll=1):
                 n0 = nb * BN
@@ -566,7 +547,8 @@ class LazyAttentionFwdSm90(HopperKernel):
                 turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
                 kv_pipe.consumer_release(k_state)
-                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta)
+                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
+                                   cta)
                 warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()

@@ -7,6 +7,9 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 WG = 128  # threads per warpgroup
 LOG2E = 1.4426950408889634
@@ -86,6 +89,47 @@ def quad_reduce(val, op):
     """``op`` over the four lanes of a quad (the lanes holding one accumulator row)."""
     val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
     return op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
+
+
+def score_mmas(dtype, rows: int, cols: int):
+    """(first, rest): two one-warpgroup wgmma tiled MMAs for a [rows, cols] fp32 score tile, both operands K-major
+    in shared memory; the kernel sets ACCUMULATE once on each (first overwrites at k-block 0, rest accumulates)."""
+    k_major = cute.nvgpu.OperandMajorMode.K
+    return tuple(sm90_utils.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, cutlass.Float32, (1, 1, 1),
+                                                   (rows, cols)) for _ in range(2))
+
+
+def accumulate_mma(dtype, rows: int, D: int, a_in_registers: bool = True):
+    """The one-warpgroup wgmma tiled MMA accumulating a [rows, D] fp32 tile: A K-major (from registers, or shared
+    memory), B MN-major in shared memory (a K-major tile's bytes seen as its transpose)."""
+    k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+    source = (warpgroup.OperandSource.RMEM,) if a_in_registers else ()
+    return sm90_utils.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, cutlass.Float32, (1, 1, 1), (rows, D),
+                                             *source)
+
+
+def sw128_atoms(dtype):
+    """(K-major, MN-major) shared-memory layout atoms with the 128-byte swizzle (D * 16 bits is a multiple of 1024
+    for D = 64 and 128)."""
+    return (warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dtype),
+            warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dtype))
+
+
+def tma_pipeline(barrier_storage, stages: int, tx_bytes):
+    """A PipelineTmaAsync ring of ``stages``: one producer thread issues the TMA loads (``tx_bytes`` per stage);
+    each stage is released by one arrive from each of the 8 consumer warps. Every thread of the CTA must call it
+    (mbarrier init, then the CTA barrier create() ends with)."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barrier_storage, num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=tx_bytes)
+
+
+def tma_views(tma, smem, gmem, tile_modes: int = 2):
+    """(shared, global) TMA partitions of a single-CTA copy: the first ``tile_modes`` modes of ``smem`` and ``gmem``
+    are one tile, the rest index stages / tiles."""
+    return cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(smem, 0, tile_modes),
+                                 cute.group_modes(gmem, 0, tile_modes))
 
 
 def pairwise_sum(vals):
