@@ -1,5 +1,6 @@
 """Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the op classes' base and compile step, shared
-memory sizes, thread roles, the query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad
+memory sizes, the wgmma tiled MMAs, swizzle atoms, TMA pipelines and partitions they set up alike, thread roles, the
+query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad
 reduction and balanced sums, the ping-pong turns, the bias tables (by distance: a tile's diagonals, or every distance a
 CTA sees), which tiles need no mask or bias, which rows see exactly one key, the 16-byte vector copy of a
 warpgroup's tile and the store of a warpgroup's fp32 accumulator through shared memory."""
