@@ -37,9 +37,13 @@ Synchronisation:
       a thread starts fill k only after passing the barrier of fill k - 1, which no thread of the warpgroup
       reaches before finishing its reads of fill k - 2.
   (b) dbias diagonals: a band tile (some |m - n| < min(W, L); always a non-free tile) writes dS^T fp32 into the
-      warpgroup's sDs (row stride DS_STRIDE = 72 words: 2-way instead of 8-way bank conflicts), barrier, then thread
-      x < 127 sums diagonal x and adds it into Partial[b, h, 2 kb + w, dist + WP - 1] (read-modify-write in global
-      memory; the read is issued right after this tile's table barrier, under the GEMMs). The next writes to sDs
+      warpgroup's sDs skewed, entry (key i, query j) at column (j - i) mod 64 (row stride DS_STRIDE = 72 words: at
+      most 2-way bank conflicts), barrier; then column w holds wrapped diagonal w, which is diagonal j - i = w on
+      rows i < 64 - w and w - 64 below. Threads 2 w and 2 w + 1 sum column w over the even and the odd rows (32
+      loads each, the same for every thread: summing the true diagonals instead, the middle ones take 64 and the
+      warpgroup waits for them), swap by shuffle the part the other finishes, and add diagonal w (even thread) or
+      w - 64 (odd) into Partial[b, h, 2 kb + w, dist + WP - 1] (read-modify-write in global memory; the read is
+      issued right after this tile's table barrier, under the GEMMs). The next writes to sDs
       and the next read of the same Partial entry (by any thread of the warpgroup) come after the table barrier (a)
       of the next non-free tile, which orders them (bar.sync orders the memory accesses of its participants).
   (c) epilogue: dK (then dV) registers -> the warpgroup's own half of sK (sV), free since its last wgmma
@@ -68,8 +72,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel, fake_rows,
-                     one_key_row, score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles,
-                     tile_bias_table, tma_pipeline, tma_views)
+                     grid_block, grid_dims, one_key_row, score_mmas, store_through_smem, struct_bytes, sw128_atoms,
+                     thread_roles, tile_bias_table, tma_pipeline, tma_views)
 
 KERNELS = ("dkdv_sm90",)
 ARGS = {
@@ -89,12 +93,15 @@ DEFER = {64: True, 128: False}  # release a stage one tile late (its dV, dK GEMM
 DS_SMEM = {64: False, 128: False}  # dK's A operand dS^T from shared memory: frees 16 registers, so D = 128 fits DEFER
 # without serialization; timed on an H100 with DEFER at D = 128: 1.28 ms vs 1.22 ms without both, so off (its
 # correctness is unchecked on a GPU)
-DS_STRIDE = 72  # row stride of the dS staging (fp32 words; = 8 mod 32: 2-way bank conflicts on the stores)
+DS_STRIDE = 72  # row stride of the skewed dS staging (fp32 words; = 8 mod 32: at most 2-way bank conflicts)
 NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
+assert BM == WN, "the skewed dS staging (dbias) wraps diagonals of a square tile"
 TABLE = 128  # entries of one bias-by-diagonal table (BM + WN - 1 used)
 WG_BARRIER = 1  # named barriers 1 and 2: one per consumer warpgroup (128 threads)
+# measurement switch (wrong results; docs/cute-backend.md): "no_dbias" skips the dbias partials of band tiles
+ABLATE = ""
 
 
 class LazyAttentionDkdvSm90(HopperKernel):
@@ -155,7 +162,7 @@ class LazyAttentionDkdvSm90(HopperKernel):
         self.kernel(s_first, s_rest, kv_mma, dk_mma, tma_q, tma_q_t, tma_do, tma_do_t, tma_k, tma_k_t, tma_v, tma_v_t,
                     tma_l, tma_l_t, tma_d, tma_d_t, mBias, mTau, mLens, mdK, mdV, mPart, L, scale,
                     sKV_layout, sQ_layout, sQt_layout, sVec_layout, sDsb_layout, SharedStorage).launch(
-            grid=[(LP + BN - 1) // BN, mK.shape[1], mK.shape[0]], block=[NUM_THREADS, 1, 1],
+            grid=grid_dims((LP + BN - 1) // BN, mK.shape[1], mK.shape[0]), block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
@@ -191,9 +198,8 @@ class LazyAttentionDkdvSm90(HopperKernel):
         D = self.D
         dt = self.dtype
         tidx, warp_idx, wg_idx = thread_roles()
-        kb, hk, b = cute.arch.block_idx()
-
         LP = mdK.shape[2]
+        kb, hk, b = grid_block()
         H = tma_q_t.shape[2]
         Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
@@ -355,17 +361,21 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     tbl, fills = tile_bias_table(sT[None, None, wg], fills, not free, wtid, BM + WN - 1, dlo, W, mBias,
                                                  h, self.causal, bar_id, WG)
                     # dbias partials of a band tile (some |m - n| < WP; always non-free, so the table barrier above
-                    # ordered the previous read-modify-writes): thread x < 127 owns diagonal x; its Partial entry is
-                    # read now, its latency under the GEMMs
+                    # ordered the previous read-modify-writes): the thread's Partial entry is read now, its latency
+                    # under the GEMMs
                     dhi = dlo + (BM + WN - 2)
                     band = dlo < WP and dhi > -WP
                     if cutlass.const_expr(self.causal):
                         band = dlo < WP and dhi >= 0
                     band = band and useful  # (a useless tile's dS is zero; its Partial block may not exist)
-                    dist = dlo + wtid
-                    own = wtid < BM + WN - 1 and dist < WP and dist > -WP
+                    if cutlass.const_expr("no_dbias" in ABLATE):
+                        band = cutlass.Boolean(False)
+                    # thread 2 w + half finishes diagonal w (half 0) or w - 64 (half 1, w >= 1) of the tile
+                    dist = dlo + (WN - 1) + wtid // 2 - WN * (wtid % 2)
+                    has_diag = wtid % 2 == 0 or wtid >= 2
+                    own = has_diag and dist < WP and dist > -WP
                     if cutlass.const_expr(self.causal):
-                        own = wtid < BM + WN - 1 and dist < WP and dist >= 0
+                        own = has_diag and dist < WP and dist >= 0
                     part_old = cutlass.Float32(0.0)
                     if band and own:
                         part_old = mPart[b, h, 2 * kb + wg, dist + WP - 1]
@@ -420,7 +430,9 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     if band:
                         for r in cutlass.range_constexpr(n_rows):
                             for cc in cutlass.range_constexpr(n_cols):
-                                sDs[tScS_mn[r, 0][0], tScS_mn[0, cc][1], wg] = acc_S_mn[r, cc]
+                                i = tScS_mn[r, 0][0]
+                                j = tScS_mn[0, cc][1]
+                                sDs[i, (j - i + WN) % WN, wg] = acc_S_mn[r, cc]  # column: wrapped diagonal
                     rA_as_S.store(acc_P.load().to(dt))
                     if cutlass.const_expr(DS_SMEM[D]):
                         # dS^T -> the warpgroup's sDsb (its last reader, the previous tile's dK GEMM, completed at
@@ -445,14 +457,24 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     if band:  # while the accumulating GEMMs run
                         if cutlass.const_expr(not DS_SMEM[D]):
                             cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)
+                        # wrapped diagonal w = wtid // 2 (column w of the skewed tile) over the rows i of parity
+                        # wtid % 2: row i's entry lies on diagonal w if i + w < 64, else on w - 64; the two
+                        # threads of a column swap the halves they do not finish
+                        wd = wtid // 2
+                        half = wtid % 2
+                        pos = cutlass.Float32(0.0)
+                        neg = cutlass.Float32(0.0)
+                        for k in cutlass.range(WN // 2, unroll=8):  # (fully unrolled, its loads in flight spill)
+                            i = 2 * k + half
+                            v = sDs[i, wd, wg]
+                            first = i + wd < WN
+                            pos = pos + (v if first else cutlass.Float32(0.0))
+                            neg = neg + (cutlass.Float32(0.0) if first else v)
+                        got = cute.arch.shuffle_sync_bfly(neg if half == 0 else pos, offset=1, mask=-1,
+                                                          mask_and_clamp=31)
                         if own:
-                            e = wtid - (WN - 1)  # query - key index within the tile
-                            tot = cutlass.Float32(0.0)
-                            i_lo = cutlass.max(0, -e)
-                            i_hi = cutlass.min(WN, BM - e)
-                            for i in cutlass.range(i_lo, i_hi, unroll=4):
-                                tot = tot + sDs[i, i + e, wg]
-                            mPart[b, h, 2 * kb + wg, dist + WP - 1] = part_old + tot
+                            mPart[b, h, 2 * kb + wg, dist + WP - 1] = part_old + (pos + got if half == 0 else
+                                                                                  got + neg)
                     if cutlass.const_expr(DEFER[D]):
                         pending = cutlass.Int32(1)
                     else:

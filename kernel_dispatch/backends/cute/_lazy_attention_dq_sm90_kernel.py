@@ -60,9 +60,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, one_key_row, quad_reduce, query_block, score_mmas, store_through_smem,
-                     struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views, turn_pass, turn_wait,
-                     vector_copy, vector_lanes)
+                     fake_rows, fill_cta_table, grid_block, grid_dims, one_key_row, quad_reduce, query_block,
+                     score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline,
+                     tma_views, turn_pass, turn_wait, vector_copy, vector_lanes)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -147,7 +147,7 @@ class LazyAttentionDqSm90(HopperKernel):
         self.kernel(s_first, s_rest, xy_mma, tma_q, tma_q_t, tma_do, tma_do_t, tma_k, tma_k_t, tma_v, tma_v_t,
                     mLSE, mO, mBias, mTau, mLens, mdQ, mDelta, mRdiv, scale, sQ_layout, sK_layout, sKt_layout,
                     SharedStorage).launch(
-            grid=[n_mblocks, mQ.shape[1], mQ.shape[0]], block=[NUM_THREADS, 1, 1],
+            grid=grid_dims(n_mblocks, mQ.shape[1], mQ.shape[0]), block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
@@ -213,10 +213,9 @@ class LazyAttentionDqSm90(HopperKernel):
         D = self.D
         dt = self.dtype
         tidx, warp_idx, wg_idx = thread_roles()
-        bx, h, b = cute.arch.block_idx()
-
         LP = mdQ.shape[2]
         H = mdQ.shape[1]
+        bx, h, b = grid_block()
         Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
         hk = h // (H // Hkv)

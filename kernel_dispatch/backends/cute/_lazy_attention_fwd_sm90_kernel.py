@@ -81,9 +81,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, keys_free, pairwise_sum, quad_reduce, query_block, score_mmas,
-                     store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views,
-                     turn_pass, turn_wait)
+                     fake_rows, fill_cta_table, grid_block, grid_dims, keys_free, pairwise_sum, quad_reduce,
+                     query_block, score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table,
+                     tma_pipeline, tma_views, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -163,7 +163,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         n_mblocks = (L + BM - 1) // BM
         self.kernel(qk_mma, qk_rest, pv_mma, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, mBias, mTau, mLens, mLSE,
                     mO, scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
-            grid=[n_mblocks, mQ.shape[1], mQ.shape[0]], block=[NUM_THREADS, 1, 1],
+            grid=grid_dims(n_mblocks, mQ.shape[1], mQ.shape[0]), block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
@@ -338,10 +338,9 @@ class LazyAttentionFwdSm90(HopperKernel):
         D = self.D
         dt = self.dtype
         tidx, warp_idx, wg_idx = thread_roles()
-        bx, h, b = cute.arch.block_idx()
-
         L = mO.shape[2]
         H = mO.shape[1]
+        bx, h, b = grid_block()
         Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
         hk = h // (H // Hkv)

@@ -61,6 +61,22 @@ def thread_roles():
             cute.arch.make_warp_uniform(tidx // WG))
 
 
+def grid_dims(n_blocks, heads, batch):
+    """The launch grid of a kernel over (block, head, batch): heads fastest, then blocks, then the batch (read back by
+    :func:`grid_block`)."""
+    return [heads, n_blocks, batch]
+
+
+def grid_block():
+    """(block, head, batch) of this CTA in a :func:`grid_dims` grid. The GPU starts CTAs about in grid order, so all
+    heads of a batch entry run block by block: block 0 (a causal kernel's longest) of every head first. Ordered head
+    by head instead, a causal grid ends on the last head's longest blocks while the other SMs idle (B=4, H=16,
+    L=4096: 2-4 % of each kernel, docs/cute-backend.md). The three indices are special registers, which ptxas reads
+    again where it needs them (index arithmetic here would hold registers the consumers need)."""
+    h, blk, b = cute.arch.block_idx()
+    return blk, h, b
+
+
 @cute.jit
 def query_block(bx, rows, lens_b, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr):
     """(query block mb, its first row m0, lb = min(lengths[b], rows), key tiles n) of the CTA with grid index
