@@ -1,0 +1,132 @@
+"""Time the cute backend's three lazy-attention kernels of several kernel stores against each other on one GPU.
+
+    python scripts/gpu_time_cute_kernels.py old=STORE_A new=STORE_B [--shapes 4x4096x128,4x4096x64] [--rounds 8]
+
+Each STORE is a directory of built kernels (``python -m kernel_dispatch.backends.cute.build --out DIR``, or
+``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME``. Shapes are BxLxD with
+H = 16, bf16, causal, W = 512, tau = -1. For each shape the script first runs fwd_sm90, dq_sm90 and dkdv_sm90 of
+every store once and says whether their outputs are bitwise equal to the first store's (else the largest difference
+of each output, against its largest magnitude), then times each kernel by CUDA events around ``--calls``
+back-to-back launches (warm L2, launch overhead hidden), stores in a shuffled order each round, with cuDNN's
+forward and forward+backward (plain causal attention) in the same rounds. It prints the minimum and the median over
+the rounds of the per-launch mean. The stores' source hashes are not checked: the kernels are loaded directly.
+"""
+import argparse
+import ctypes
+import math
+import os
+import random
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+KERNELS = ("fwd_sm90", "dq_sm90", "dkdv_sm90")
+OUTPUTS = ("o", "lse", "dq", "delta", "dk", "dv", "partial")
+
+
+def load_runtime():
+    """tvm_ffi with ``libcute_dsl_runtime.so`` loaded globally (the stores' shared objects resolve against it)."""
+    root = os.environ.get("KERNEL_DISPATCH_CUTE_RUNTIME")
+    if not root:
+        sys.exit("KERNEL_DISPATCH_CUTE_RUNTIME: expected the unpacked runtime directory (build.py --pack-runtime)")
+    ctypes.CDLL(f"{root}/lib/libcute_dsl_runtime.so", mode=ctypes.RTLD_GLOBAL)
+    sys.path.append(f"{root}/site")
+    import tvm_ffi
+    return tvm_ffi
+
+
+def per_call_ms(fn, calls: int) -> float:
+    """Mean ms of one call over ``calls`` back-to-back calls between two CUDA events (after one warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int):
+    H, W = 16, 512
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    bias = 0.1 * torch.randn(H, W, device="cuda", generator=g)
+    tau = torch.full((H,), -1.0, device="cuda")
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    scale = 1 / math.sqrt(D)
+    lse, delta, rdiv = (torch.empty(B, H, L, device="cuda") for _ in range(3))
+    o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    partial = torch.zeros(B, H, L // 64, 2 * min(W, L) - 1, device="cuda")
+    calls_of = {}
+    for tag, d in stores.items():
+        f = {n: tvm_ffi.load_module(f"{d}/kd_lazy_attention_{n}_d{D}_bfloat16_causal.so")[
+            f"kd_lazy_attention_{n}_d{D}_bfloat16_causal"] for n in KERNELS}
+        calls_of[tag] = {
+            "fwd": lambda f=f: f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, scale),
+            "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
+            "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
+        }
+    outs = {}
+    for tag, c in calls_of.items():
+        c["fwd"](), c["dq"]()
+        partial.zero_()
+        c["dkdv"]()
+        torch.cuda.synchronize()
+        outs[tag] = [t.clone() for t in (o, lse, dq, delta, dk, dv, partial)]
+    first = next(iter(outs))
+    for tag, got in outs.items():
+        diffs = [f"{n} {(a.float() - b.float()).abs().max().item():.2e} of {b.float().abs().max().item():.1e}"
+                 for n, a, b in zip(OUTPUTS, got, outs[first]) if not torch.equal(a, b)]
+        print(f"B={B} L={L} D={D} {tag}: " + ("bitwise equal to " + first if not diffs else
+                                              f"differs from {first}: " + ", ".join(diffs)), flush=True)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def cudnn_fwd():
+        return F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+
+    def cudnn_fwd_bwd():
+        return torch.autograd.grad(cudnn_fwd(), (qg, kg, vg), do)
+
+    times = {tag: {n: [] for n in ("fwd", "dq", "dkdv")} for tag in calls_of}
+    times["cudnn"] = {"fwd": [], "fwd+bwd": []}
+    for r in range(rounds):
+        order = list(calls_of.items())
+        random.Random(r).shuffle(order)
+        for tag, c in order:
+            for n, fn in c.items():
+                times[tag][n].append(per_call_ms(fn, calls))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            times["cudnn"]["fwd"].append(per_call_ms(cudnn_fwd, calls))
+            times["cudnn"]["fwd+bwd"].append(per_call_ms(cudnn_fwd_bwd, calls))
+    for tag, t in times.items():
+        cells = [f"{n} {min(v):.4f} (median {sorted(v)[len(v) // 2]:.4f})" for n, v in t.items()]
+        total = f"  sum {sum(min(v) for v in t.values()):.4f}" if tag != "cudnn" else ""
+        print(f"B={B} L={L} D={D} {tag:8s} " + "  ".join(cells) + total, flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("stores", nargs="+", help="TAG=DIR: a kernel store to time under the name TAG")
+    p.add_argument("--shapes", default="4x4096x128,4x4096x64,2x16384x128", help="comma list of BxLxD")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--calls", type=int, default=20, help="back-to-back launches per timing")
+    a = p.parse_args()
+    stores = {}
+    for s in a.stores:
+        tag, sep, d = s.partition("=")
+        if not sep or not os.path.isdir(d):
+            sys.exit(f"stores: expected TAG=DIR with an existing directory, got {s!r}")
+        stores[tag] = d
+    tvm_ffi = load_runtime()
+    for shape in a.shapes.split(","):
+        B, L, D = (int(x) for x in shape.split("x"))
+        time_shape(tvm_ffi, stores, B, L, D, a.rounds, a.calls)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
