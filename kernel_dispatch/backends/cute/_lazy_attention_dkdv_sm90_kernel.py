@@ -38,8 +38,9 @@ Synchronisation:
       reaches before finishing its reads of fill k - 2.
   (b) dbias diagonals: a band tile (some |m - n| < min(W, L); always a non-free tile) writes dS^T fp32 into the
       warpgroup's sDs skewed, entry (key i, query j) at column (j - i) mod 64 (row stride DS_STRIDE = 72 words: at
-      most 2-way bank conflicts), barrier; then column w holds wrapped diagonal w, which is diagonal j - i = w on
-      rows i < 64 - w and w - 64 below. Threads 2 w and 2 w + 1 sum column w over the even and the odd rows (32
+      most 2-way bank conflicts), a thread's two entries on one diagonal ((i, j) and (i + 8, j + 8)) added first
+      (18 stores instead of 32), barrier; then column w holds wrapped diagonal w, which is diagonal j - i = w on
+      rows i < 64 - w and w - 64 below. Threads 2 w and 2 w + 1 sum column w over the rows that hold entries (20
       loads each, the same for every thread: summing the true diagonals instead, the middle ones take 64 and the
       warpgroup waits for them), swap by shuffle the part the other finishes, and add diagonal w (even thread) or
       w - 64 (odd) into Partial[b, h, 2 kb + w, dist + WP - 1] (read-modify-write in global memory; the read is
@@ -428,11 +429,19 @@ class LazyAttentionDkdvSm90(HopperKernel):
                                 acc_P_mn[r, cc] = a
                     # dbias partials: the band's diagonal sums of dS (fp32)
                     if band:
-                        for r in cutlass.range_constexpr(n_rows):
-                            for cc in cutlass.range_constexpr(n_cols):
-                                i = tScS_mn[r, 0][0]
-                                j = tScS_mn[0, cc][1]
-                                sDs[i, (j - i + WN) % WN, wg] = acc_S_mn[r, cc]  # column: wrapped diagonal
+                        # a thread's entries (i, j) and (i + 8, j + 8) (columns cc, cc + 2 of its two rows) lie on
+                        # one diagonal: their sum goes to row i; row i + 8 keeps only the entries without a partner
+                        # (j < 8). Entry (i, j) goes to column (j - i) mod 64: the wrapped diagonal
+                        i0 = tScS_mn[0, 0][0]
+                        for cc in cutlass.range_constexpr(n_cols):
+                            j = tScS_mn[0, cc][1]
+                            val = acc_S_mn[0, cc]
+                            if cutlass.const_expr(cc + 2 < n_cols):
+                                val = val + acc_S_mn[1, cc + 2]
+                            sDs[i0, (j - i0 + WN) % WN, wg] = val
+                        for cc in cutlass.range_constexpr(2):
+                            j = tScS_mn[1, cc][1]
+                            sDs[i0 + 8, (j - i0 - 8 + WN) % WN, wg] = acc_S_mn[1, cc]
                     rA_as_S.store(acc_P.load().to(dt))
                     if cutlass.const_expr(DS_SMEM[D]):
                         # dS^T -> the warpgroup's sDsb (its last reader, the previous tile's dK GEMM, completed at
@@ -457,16 +466,25 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     if band:  # while the accumulating GEMMs run
                         if cutlass.const_expr(not DS_SMEM[D]):
                             cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)
-                        # wrapped diagonal w = wtid // 2 (column w of the skewed tile) over the rows i of parity
-                        # wtid % 2: row i's entry lies on diagonal w if i + w < 64, else on w - 64; the two
-                        # threads of a column swap the halves they do not finish
+                        # wrapped diagonal w = wtid // 2 (column w of the skewed tile), its rows split by parity
+                        # between threads 2 w and 2 w + 1: row i's entry lies on diagonal w if i + w < 64, else on
+                        # w - 64; the two threads swap the halves they do not finish
                         wd = wtid // 2
                         half = wtid % 2
                         pos = cutlass.Float32(0.0)
                         neg = cutlass.Float32(0.0)
-                        for k in cutlass.range(WN // 2, unroll=8):  # (fully unrolled, its loads in flight spill)
-                            i = 2 * k + half
+                        # rows i % 16 < 8 (pair sums), 16 per thread; then the rows i % 16 >= 8 that hold an entry
+                        # without a partner: i = (j - w) mod 64 for j < 8, 4 per thread
+                        for k in cutlass.range(WN // 4, unroll=8):  # (fully unrolled, its loads in flight spill)
+                            i = 16 * (k // 4) + 2 * (k % 4) + half
                             v = sDs[i, wd, wg]
+                            first = i + wd < WN
+                            pos = pos + (v if first else cutlass.Float32(0.0))
+                            neg = neg + (cutlass.Float32(0.0) if first else v)
+                        for k in cutlass.range_constexpr(4):
+                            i = (2 * k + half - wd + WN) % WN
+                            v = sDs[i, wd, wg]
+                            v = v if i % 16 >= 8 else cutlass.Float32(0.0)
                             first = i + wd < WN
                             pos = pos + (v if first else cutlass.Float32(0.0))
                             neg = neg + (cutlass.Float32(0.0) if first else v)
