@@ -3,16 +3,16 @@
     python scripts/gpu_time_cute_kernels.py old=STORE_A new=STORE_B [--shapes 4x4096x128,4x4096x64] [--rounds 8]
 
 Each STORE is a directory of built kernels (``python -m kernel_dispatch.backends.cute.build --out DIR``, or
-``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME``. Shapes are BxLxD with
-H = 16, bf16, causal, W = 512, tau = -1. For each shape the script first runs fwd_sm90, dq_sm90 and dkdv_sm90 of
-every store once and says whether their outputs are bitwise equal to the first store's (else the largest difference
-of each output, against its largest magnitude), then times each kernel by CUDA events around ``--calls``
-back-to-back launches (warm L2, launch overhead hidden), stores in a shuffled order each round, with cuDNN's
-forward and forward+backward (plain causal attention) in the same rounds. It prints the minimum and the median over
-the rounds of the per-launch mean. The stores' source hashes are not checked: the kernels are loaded directly.
+``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME`` (or the installed DSL).
+Shapes are BxLxD with H = 16, bf16, causal, W = 512, tau = -1. For each shape the script first runs fwd_sm90,
+dq_sm90 and dkdv_sm90 of every store once and says whether their outputs are bitwise equal to the first store's
+(else the largest difference of each output, against its largest magnitude), then times each kernel by CUDA events
+around ``--calls`` back-to-back launches (warm L2, launch overhead hidden), stores in a shuffled order each round,
+with cuDNN's forward and forward+backward (plain causal attention) in the same rounds. It prints the minimum and the
+median over the rounds of the per-launch mean. The stores' source hashes are not checked: the kernels are loaded
+directly.
 """
 import argparse
-import ctypes
 import math
 import os
 import random
@@ -27,14 +27,14 @@ OUTPUTS = ("o", "lse", "dq", "delta", "dk", "dv", "partial")
 
 
 def load_runtime():
-    """tvm_ffi with ``libcute_dsl_runtime.so`` loaded globally (the stores' shared objects resolve against it)."""
-    root = os.environ.get("KERNEL_DISPATCH_CUTE_RUNTIME")
-    if not root:
-        sys.exit("KERNEL_DISPATCH_CUTE_RUNTIME: expected the unpacked runtime directory (build.py --pack-runtime)")
-    ctypes.CDLL(f"{root}/lib/libcute_dsl_runtime.so", mode=ctypes.RTLD_GLOBAL)
-    sys.path.append(f"{root}/site")
-    import tvm_ffi
-    return tvm_ffi
+    """tvm_ffi with ``libcute_dsl_runtime.so`` loaded, as the backend loads them (``KERNEL_DISPATCH_CUTE_RUNTIME``
+    or the installed DSL)."""
+    from kernel_dispatch.backends.cute import _store
+
+    reason = _store.runtime_unavailable()
+    if reason:
+        sys.exit(f"cute runtime: {reason}")
+    return _store._load_runtime()
 
 
 def per_call_ms(fn, calls: int) -> float:
