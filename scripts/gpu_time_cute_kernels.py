@@ -50,7 +50,8 @@ def per_call_ms(fn, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int):
+def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int,
+               kernels=("fwd", "dq", "dkdv")):
     H, W = 16, 512
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
@@ -70,11 +71,12 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
             "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
             "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
         }
+        calls_of[tag] = {n: fn for n, fn in calls_of[tag].items() if n in kernels}
     outs = {}
     for tag, c in calls_of.items():
-        c["fwd"](), c["dq"]()
         partial.zero_()
-        c["dkdv"]()
+        for fn in c.values():  # in fwd, dq, dkdv order: each reads what the one before wrote
+            fn()
         torch.cuda.synchronize()
         outs[tag] = [t.clone() for t in (o, lse, dq, delta, dk, dv, partial)]
     first = next(iter(outs))
@@ -91,7 +93,7 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
     def cudnn_fwd_bwd():
         return torch.autograd.grad(cudnn_fwd(), (qg, kg, vg), do)
 
-    times = {tag: {n: [] for n in ("fwd", "dq", "dkdv")} for tag in calls_of}
+    times = {tag: {n: [] for n in kernels} for tag in calls_of}
     times["cudnn"] = {"fwd": [], "fwd+bwd": []}
     for r in range(rounds):
         order = list(calls_of.items())
@@ -114,6 +116,7 @@ def main():
     p.add_argument("--shapes", default="4x4096x128,4x4096x64,2x16384x128", help="comma list of BxLxD")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--calls", type=int, default=20, help="back-to-back launches per timing")
+    p.add_argument("--kernels", default="fwd,dq,dkdv", help="comma list of the kernels to time (fwd, dq, dkdv)")
     a = p.parse_args()
     stores = {}
     for s in a.stores:
@@ -124,7 +127,7 @@ def main():
     tvm_ffi = load_runtime()
     for shape in a.shapes.split(","):
         B, L, D = (int(x) for x in shape.split("x"))
-        time_shape(tvm_ffi, stores, B, L, D, a.rounds, a.calls)
+        time_shape(tvm_ffi, stores, B, L, D, a.rounds, a.calls, tuple(a.kernels.split(",")))
         torch.cuda.empty_cache()
 
 

@@ -117,7 +117,9 @@ SWEEP1_TILES = 2  # key tiles per sweep-1 turn (one accumulator each, all waited
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
 # argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
 # (what is left: the TMA loads, pipelines, turns and table fills), "sweep1_only" / "sweep2_only" run one sweep (the
-# other's loads skipped too); several joined by "+"; "" is the kernel
+# other's loads skipped too), "half_loads" / "no_loads" skip every other K / V load or all of them (the stage keeps
+# stale data; the producer completes its barrier's bytes itself), "no_max" takes no row max on sweep 1's free tiles
+# (their exp2 against the running max of the tiles before); several joined by "+"; "" is the kernel
 ABLATE = ""
 
 
@@ -269,11 +271,14 @@ class LazyAttentionFwdSm90(HopperKernel):
         tile's row sum is a balanced tree (a chain of 32 dependent adds per row is what ptxas makes of a reduce)."""
         n_cols = cute.size(acc_mn.shape[1])
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-            mx = quad_reduce(acc_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
-                             cute.arch.fmax)
-            if cutlass.const_expr(raw):
-                mx = mx * sc2
             prev = row_max[r]
+            if cutlass.const_expr("no_max" in ABLATE.split("+") and raw):
+                mx = prev
+            else:
+                mx = quad_reduce(acc_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                                 cute.arch.fmax)
+                if cutlass.const_expr(raw):
+                    mx = mx * sc2
             new = cute.arch.fmax(prev, mx)
             safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
             for c in cutlass.range_constexpr(n_cols):
@@ -313,6 +318,24 @@ class LazyAttentionFwdSm90(HopperKernel):
                 x = acc_mn[r, c] * sc2 - lse2[r] if cutlass.const_expr(raw) else acc_mn[r, c] - lse2[r]
                 p = self._exp2(cute.arch.fmin(x, zero, nan=True))
                 acc_mn[r, c] = cute.arch.fmax(p + thr[r], zero, nan=True)
+
+    @cute.jit
+    def _load(self, kv_pipe, kv_state, tma, src, dst, count):
+        """One K or V tile into the stage of ``kv_state`` (acquired); under the "half_loads" / "no_loads" switches
+        a skipped tile's bytes are completed on the stage's barrier instead (timing only)."""
+        skip = False
+        if cutlass.const_expr("no_loads" in ABLATE.split("+")):
+            skip = True
+        if cutlass.const_expr("half_loads" in ABLATE.split("+")):
+            skip = count % 2 == 1
+        if skip:
+            bar = kv_pipe.producer_get_barrier(kv_state).toint()
+            with cute.arch.elect_one():
+                llvm.inline_asm(None, [bar.ir_value(), cutlass.Int32(BN * self.D * self.dtype.width // 8).ir_value()],
+                                "mbarrier.complete_tx.shared::cta.b64 [$0], $1;", "r,r", has_side_effects=True,
+                                is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+        else:
+            cute.copy(tma, src, dst, tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
 
     @cute.jit
     def _zero_v_rows(self, sV, stage, n0, lb, L, ctid):
@@ -383,27 +406,27 @@ class LazyAttentionFwdSm90(HopperKernel):
                     cute.copy(tma_q, tQgQ[None, 2 * mb + half], tQsQ[None, half],
                               tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                count = cutlass.Int32(0)  # loads issued (the measurement switches skip by it)
                 # sweep 1: K tiles
                 for nb in cutlass.range(n_blocks, unroll=1):
                     kv_pipe.producer_acquire(kv_state)  # waits until the 8 consumer warps released this stage
-                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
-                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
                     kv_state.advance()
+                    count += 1
                 # sweep 2, in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
                 for nb in cutlass.range(n_blocks2, unroll=1):
                     kv_pipe.producer_acquire(kv_state)
-                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
-                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
                     kv_state.advance()
+                    count += 1
                     if nb > 0:
                         kv_pipe.producer_acquire(kv_state)
-                        cute.copy(tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index],
-                                  tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index], count)
                         kv_state.advance()
+                        count += 1
                 if n_blocks2 > 0:
                     kv_pipe.producer_acquire(kv_state)
-                    cute.copy(tma_v, tVgV[None, n_blocks2 - 1], tVsV[None, kv_state.index],
-                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks2 - 1], tVsV[None, kv_state.index], count)
                     kv_state.advance()
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
