@@ -1,16 +1,17 @@
-"""Time the cute backend's three lazy-attention kernels of several kernel stores against each other on one GPU.
+"""Time the cute backend's lazy-attention kernels of several kernel stores against each other on one GPU.
 
     python scripts/gpu_time_cute_kernels.py old=STORE_A new=STORE_B [--shapes 4x4096x128,4x4096x64] [--rounds 8]
 
 Each STORE is a directory of built kernels (``python -m kernel_dispatch.backends.cute.build --out DIR``, or
 ``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME`` (or the installed DSL).
-Shapes are BxLxD with H = 16, bf16, causal, W = 512, tau = -1. For each shape the script first runs fwd_sm90,
-dq_sm90 and dkdv_sm90 of every store once and says whether their outputs are bitwise equal to the first store's
-(else the largest difference of each output, against its largest magnitude), then times each kernel by CUDA events
-around ``--calls`` back-to-back launches (warm L2, launch overhead hidden), stores in a shuffled order each round,
-with cuDNN's forward and forward+backward (plain causal attention) in the same rounds. It prints the minimum and the
-median over the rounds of the per-launch mean. The stores' source hashes are not checked: the kernels are loaded
-directly.
+Shapes are BxLxD with H = 16, bf16, causal, W = 512, tau = -1. The forward ("fwd") is lse_sm90 then fwd_sm90 where the
+store has lse_sm90 (timed alone too, "lse"), else fwd_sm90 alone (a store of the one-kernel forward). For each shape
+the script first runs the forward, dq_sm90 and dkdv_sm90 of every store once and says whether their outputs are
+bitwise equal to the first store's (else the largest difference of each output, against its largest magnitude), then
+times each kernel by CUDA events around ``--calls`` back-to-back launches (warm L2, launch overhead hidden), stores in
+a shuffled order each round, with cuDNN's forward and forward+backward (plain causal attention) in the same rounds.
+It prints the minimum and the median over the rounds of the per-launch mean. The stores' source hashes are not
+checked: the kernels are loaded directly.
 """
 import argparse
 import math
@@ -66,12 +67,20 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
     for tag, d in stores.items():
         f = {n: tvm_ffi.load_module(f"{d}/kd_lazy_attention_{n}_d{D}_bfloat16_causal.so")[
             f"kd_lazy_attention_{n}_d{D}_bfloat16_causal"] for n in KERNELS}
+        fwd = (lambda f=f: f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, scale))
+        lse_so = f"{d}/kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal.so"
+        if os.path.exists(lse_so):  # the forward in two kernels: lse_sm90, then fwd_sm90 from its LSE
+            f["lse_sm90"] = tvm_ffi.load_module(lse_so)[f"kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal"]
+            fwd = (lambda f=f: (f["lse_sm90"](q, k, bias, lens, lse, scale),
+                                f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, scale)))
         calls_of[tag] = {
-            "fwd": lambda f=f: f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, scale),
+            "fwd": fwd,
             "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
             "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
         }
-        calls_of[tag] = {n: fn for n, fn in calls_of[tag].items() if n in kernels}
+        if "lse_sm90" in f and "fwd" in kernels:  # its first kernel alone too
+            calls_of[tag]["lse"] = lambda f=f: f["lse_sm90"](q, k, bias, lens, lse, scale)
+        calls_of[tag] = {n: fn for n, fn in calls_of[tag].items() if n in kernels or n == "lse"}
     outs = {}
     for tag, c in calls_of.items():
         partial.zero_()
@@ -93,7 +102,7 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
     def cudnn_fwd_bwd():
         return torch.autograd.grad(cudnn_fwd(), (qg, kg, vg), do)
 
-    times = {tag: {n: [] for n in kernels} for tag in calls_of}
+    times = {tag: {n: [] for n in c} for tag, c in calls_of.items()}
     times["cudnn"] = {"fwd": [], "fwd+bwd": []}
     for r in range(rounds):
         order = list(calls_of.items())

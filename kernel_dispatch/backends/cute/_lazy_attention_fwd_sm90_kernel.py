@@ -1,28 +1,29 @@
-"""CuTe DSL kernel: the lazy attention forward (SPEC section 1) on Hopper's own machinery (TMA, wgmma, warp
-specialisation): the cute backend's forward; O and the natural-log LSE, the residuals every backend saves.
+"""CuTe DSL kernel: the lazy attention forward's output (SPEC section 1) on Hopper's own machinery (TMA, wgmma, warp
+specialisation): O = relu(P + tau / i) V from the row LSE that ``lse_sm90`` (``_lazy_attention_lse_sm90_kernel``)
+wrote before it; the LSE and O are the residuals every backend saves.
+
+The forward is two kernels: the Elastic-Softmax needs each row's final log-sum-exp before its first product with V.
+One kernel doing both sweeps (sweep 1 the LSE, sweep 2 this) spends sweep 1 on two consumer warpgroups whose
+exponential stream, as long as its GEMMs, hides under neither; ``lse_sm90`` runs it on four (docs/cute-backend.md).
 
 One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q once into sQ as
-  two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key tiles
-  [BN, D] into a ring of STAGES buffers (the KV pipeline), in the order below. A K tile and a V tile have the
-  same byte size, so they share one ring (a V stage is the same bytes
-  seen through V's MN-major swizzled layout).
+  two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key and
+  value tiles [BN, D] into a ring of STAGES buffers (the KV pipeline) in the consumers' order: K(0), then K(nb),
+  V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). A K tile and a V tile have the same byte size, so they share one
+  ring (a V stage is the same bytes seen through V's MN-major swizzled layout).
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
   wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
-  (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMM runs on the tensor cores
-  while the other computes its exponentials.
-  sweep 1: S -> scale, bias, masks -> online row max / sum -> LSE (``_lse_to_store``); on free tiles the row max is
-  taken on q.k and each exp2 argument is one FFMA (so the scale must be >= 0: the launcher negates q for a
-  negative one); two key tiles per turn (two commit groups), so tile 2p + 1's score GEMM runs under tile 2p's
-  exponentials;
-  sweep 2: P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no renormalisation); one turn
-  issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's exponentials run under the
-  latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight across a loop's back edge: one
-  that is makes ptxas serialise every wgmma of the kernel (warning C7514; 16 % slower, measured).
-- producer order: sweep 1 K(0) .. K(n - 1); sweep 2 K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1),
-  which is the order the consumers wait in.
+  (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMMs run on the tensor cores
+  while the other computes its exponentials. Each row's log2 LSE is the stored LSE times log2 e (what the
+  backward recovers too); P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no
+  renormalisation). One turn issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's
+  exponentials run under the latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight
+  across a loop's back edge: one that is makes ptxas serialise every wgmma of the kernel (warning C7514; 16 %
+  slower, measured). On free tiles each exp2 argument is one FFMA on q.k (so the scale must be >= 0: the launcher
+  negates q for a negative one).
 
 Synchronisation (which barrier guards which buffer):
 - Q pipeline (mbarriers, PipelineTmaAsync, 1 stage): full barrier = the TMA transaction count of sQ; the consumers
@@ -38,14 +39,14 @@ Synchronisation (which barrier guards which buffer):
   once), and the barrier also orders the zeroing before either warpgroup's GEMM on that buffer.
   (b) the bias table (generic proxy only): where the CTA's table over distances fits (``CTA_TABLE`` entries:
   causal min(W, L) <= 7808, non-causal <= 3839) the consumers fill it once, before the Q wait, and pass the barrier
-  once after it; nothing writes it again. Otherwise non-free tile number k (counted over both sweeps) fills a
+  once after it; nothing writes it again. Otherwise non-free tile number k fills a
   per-tile table k % 2 and then passes the barrier before anyone reads it; a thread starts fill k only after
   passing the barrier of fill k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill
   k - 2): one barrier per non-free tile, none on free tiles.
 - Named barriers 2 and 3 (ping-pong scheduler, 256 threads each): barrier 2 + w is warpgroup w's turn. A turn =
   bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the turn's GEMMs, commit,
-  bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns T (tile
-  counts are CTA-uniform: ceil(n / 2) in sweep 1, n + 1 in sweep 2). Warpgroup 1 arrives once on
+  bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns T = n + 1
+  (tile counts are CTA-uniform). Warpgroup 1 arrives once on
   barrier 2 before its first turn (warpgroup 0 goes first) and warpgroup 0 syncs once more on barrier 2 after its
   last turn, so barrier 2 sees T + 1 syncs and T + 1 arrivals and barrier 3 T of each: nothing is left pending at
   exit. A warpgroup cannot arrive twice on one barrier phase: between two hand-overs it must pass a sync that
@@ -59,10 +60,9 @@ Synchronisation (which barrier guards which buffer):
   instructions; a wait_group retiring a GEMM's group before any register or buffer of that GEMM is read,
   rewritten or released.
 
-Rules: query rows >= lengths[b] compute with q = 0 (so their LSE is the log-sum-exp of
-the bias over the valid keys) and store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
+Rules: query rows >= lengths[b] store O = 0 exactly; keys >= lengths[b] are masked by a select (never by adding
 -inf) and their V rows are zeroed in shared memory (TMA loads the real, possibly non-finite, data there; rows >= L
-arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives LSE = -inf, O = 0; the relu keeps NaN.
+arrive as zeros from TMA's out-of-bounds fill); lengths[b] = 0 gives O = 0; the relu keeps NaN.
 Bias and masks are applied only on tiles within W of the diagonal or crossing lengths[b] (``_tiles.keys_free``), and
 masks only on the tiles among those that cross lengths[b] or (causal) the diagonal; the bias is read per element
 from the shared table of log2-domain bias by distance (reading [H, W] from global memory per element instead made
@@ -70,7 +70,7 @@ ptxas spill at D = 128: 64 loads in flight on top of the S, O and A registers; f
 barrier on every band tile cost 12 % of the kernel at W = 512, 28 % at W = 2048).
 
 Layout (all contiguous): Q, O [B, H, L, D]; K, V [B, Hkv, L, D] fp16/bf16; Bias [H, W], Tau [H] fp32; Lens [B]
-int32; LSE [B, H, L] fp32. B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
+int32; LSE [B, H, L] fp32 (read). B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
 """
 
 import cutlass
@@ -81,9 +81,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, grid_block, grid_dims, keys_free, pairwise_sum, quad_reduce,
-                     query_block, score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table,
-                     tma_pipeline, tma_views, turn_pass, turn_wait)
+                     fake_rows, fill_cta_table, grid_block, grid_dims, keys_free, query_block, score_mmas,
+                     store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views,
+                     turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -94,13 +94,12 @@ ARGS = {
         "bias fp32 [H,W] contiguous",
         "tau fp32 [H]",
         "lengths int32 [B] (L when no padding; values in [0, L])",
-        "lse fp32 [B,H,L] (written, natural log)",
+        "lse fp32 [B,H,L] (read: lse_sm90's, natural log)",
         "o fp16/bf16 [B,H,L,D] (written)",
         "scale float (python scalar)",
     ]
 }
 
-LN2 = 0.6931471805599453
 BM = 128  # query rows per CTA (two consumer warpgroups of WM)
 WM = 64  # query rows per consumer warpgroup
 BN = 128  # keys per tile
@@ -113,13 +112,12 @@ CTA_TABLE = 8192  # entries of the CTA's table over every distance its tiles see
 CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 threads), epilogue staging
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
-SWEEP1_TILES = 2  # key tiles per sweep-1 turn (one accumulator each, all waited within the turn; 1 and 3 are slower)
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
 # argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
-# (what is left: the TMA loads, pipelines, turns and table fills), "sweep1_only" / "sweep2_only" run one sweep (the
-# other's loads skipped too), "half_loads" / "no_loads" skip every other K / V load or all of them (the stage keeps
-# stale data; the producer completes its barrier's bytes itself), "no_max" takes no row max on sweep 1's free tiles
-# (their exp2 against the running max of the tiles before); several joined by "+"; "" is the kernel
+# (what is left: the TMA loads, pipelines, turns and table fills), "half_loads" / "no_loads" skip every other K / V
+# load or all of them (the stage keeps stale data; the producer completes its barrier's bytes itself); several
+# joined by "+"; "" is the kernel. lse_sm90's row folds go through this module's _exp2 and _gemm_s: "no_exp" and
+# "no_gemm" set here apply to it too.
 ABLATE = ""
 
 
@@ -169,16 +167,6 @@ class LazyAttentionFwdSm90(HopperKernel):
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _lse_to_store(self, lse2):
-        """The natural-log LSE for a row whose log2 log-sum-exp is lse2: rounded, then one ulp lower where the
-        backward's recovery round(LSE * log2 e) would exceed lse2 (the backward recomputes P against the stored LSE)."""
-        lse = lse2 * LN2
-        bits = cutlass.Int32(llvm.bitcast(cutlass.Int32.mlir_type, lse.ir_value()))
-        step = cutlass.Int32(-1) if lse > 0.0 else cutlass.Int32(1)
-        down = cutlass.Float32(llvm.bitcast(cutlass.Float32.mlir_type, (bits + step).ir_value()))
-        return down if lse * LOG2E > lse2 else lse
-
     def _exp2(self, x, fastmath=True):
         if cutlass.const_expr("no_exp" in ABLATE.split("+")):
             return x
@@ -235,61 +223,21 @@ class LazyAttentionFwdSm90(HopperKernel):
         turn_pass(wg, PINGPONG)
 
     @cute.jit
-    def _tile(self, second: cutlass.Constexpr, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, x, y,
-              cta):
-        """Sweep 1's row statistics (x, y: row max, row sum; :meth:`_sweep1_rows`) or, ``second``, sweep 2's A (x, y:
-        lse2, tau / i; :meth:`_sweep2_rows`) of the tile at keys n0; returns the updated count of per-tile fills.
-        The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a per-tile table
-        filled here (``cta``: :class:`_tiles.CtaTable`)."""
+    def _tile(self, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta):
+        """A = relu(P + tau / i) of the tile at keys n0 in place (:meth:`_elastic_rows`); returns the updated count of
+        per-tile fills. The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a
+        per-tile table filled here (``cta``: :class:`_tiles.CtaTable`)."""
         free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
         masked = n0 + BN > lb
         if cutlass.const_expr(self.causal):
             masked = masked or n0 + BN - 1 > m0
         tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
                                       CONSUMER_BARRIER, 2 * WG)
-        if cutlass.const_expr(second):
-            self._sweep2_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
-        else:
-            self._sweep1_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, x, y)
+        self._elastic_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr)
         return fills
 
     @cute.jit
-    def _sweep1_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
-        """Fold a tile's raw scores into the online row max and sum (log2 domain)."""
-        if cutlass.const_expr("loads_only" in ABLATE.split("+")):
-            return
-        if free:
-            self._fold_rows(acc_mn, row_max, row_sum, sc2, True)
-        else:
-            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
-            self._fold_rows(acc_mn, row_max, row_sum, sc2, False)
-
-    @cute.jit
-    def _fold_rows(self, acc_mn, row_max, row_sum, sc2, raw: cutlass.Constexpr):
-        """row_max / row_sum <- the tile's scores folded in; ``raw``: acc_mn holds q.k (scores = sc2 * q.k: the max
-        is taken on q.k, which needs sc2 >= 0, and exp2 gets one FFMA per score), else log2-domain scores. The
-        tile's row sum is a balanced tree (a chain of 32 dependent adds per row is what ptxas makes of a reduce)."""
-        n_cols = cute.size(acc_mn.shape[1])
-        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-            prev = row_max[r]
-            if cutlass.const_expr("no_max" in ABLATE.split("+") and raw):
-                mx = prev
-            else:
-                mx = quad_reduce(acc_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
-                                 cute.arch.fmax)
-                if cutlass.const_expr(raw):
-                    mx = mx * sc2
-            new = cute.arch.fmax(prev, mx)
-            safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
-            for c in cutlass.range_constexpr(n_cols):
-                x = acc_mn[r, c] * sc2 - safe if cutlass.const_expr(raw) else acc_mn[r, c] - safe
-                acc_mn[r, c] = self._exp2(x)
-            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + pairwise_sum(
-                [acc_mn[r, c] for c in range(n_cols)])
-            row_max[r] = new
-
-    @cute.jit
-    def _sweep2_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
+    def _elastic_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
         """A tile's raw scores -> A = relu(P + tau / i) in place, P = exp2(min(S2 - lse2, 0)), masked entries 0.
         min and max are the NaN-propagating FMNMX (one instruction each; a compare and select is two)."""
         if cutlass.const_expr("loads_only" in ABLATE.split("+")):
@@ -367,12 +315,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
         hk = h // (H // Hkv)
-        mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)  # key tiles of sweep 1
-        n_blocks2 = n_blocks if m0 < lb else 0
-        if cutlass.const_expr("sweep1_only" in ABLATE.split("+")):
-            n_blocks2 = 0
-        if cutlass.const_expr("sweep2_only" in ABLATE.split("+")):
-            n_blocks = 0
+        mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
+        n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b]: O = 0)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -407,14 +351,8 @@ class LazyAttentionFwdSm90(HopperKernel):
                               tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 count = cutlass.Int32(0)  # loads issued (the measurement switches skip by it)
-                # sweep 1: K tiles
+                # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
                 for nb in cutlass.range(n_blocks, unroll=1):
-                    kv_pipe.producer_acquire(kv_state)  # waits until the 8 consumer warps released this stage
-                    self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
-                    kv_state.advance()
-                    count += 1
-                # sweep 2, in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
-                for nb in cutlass.range(n_blocks2, unroll=1):
                     kv_pipe.producer_acquire(kv_state)
                     self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
                     kv_state.advance()
@@ -424,9 +362,9 @@ class LazyAttentionFwdSm90(HopperKernel):
                         self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index], count)
                         kv_state.advance()
                         count += 1
-                if n_blocks2 > 0:
+                if n_blocks > 0:
                     kv_pipe.producer_acquire(kv_state)
-                    self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks2 - 1], tVsV[None, kv_state.index], count)
+                    self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV[None, kv_state.index], count)
                     kv_state.advance()
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
@@ -461,12 +399,8 @@ class LazyAttentionFwdSm90(HopperKernel):
             acc_O_mn = acc_mn_view(acc_O)
             n_rows = cute.size(acc_S_mn.shape[0])
 
-            row_max = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-            row_sum = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
 
             # ---------------- the CTA's bias table, filled while Q's TMA is in flight (W too large for it: per-tile
             # tables, ``_tile``)
@@ -493,67 +427,29 @@ class LazyAttentionFwdSm90(HopperKernel):
                 if wg == 1:  # warpgroup 0 takes the first turn
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
 
-            # ---------------- sweep 1: row log-sum-exp, two key tiles per turn: the score GEMM of tile 2p + 1 runs
-            # under tile 2p's exponentials (nothing stays in flight across the loop's back edge: ptxas serialises
-            # every wgmma of a kernel where an accumulator does, docs/cute-backend.md)
-            for grp in cutlass.range(n_blocks // SWEEP1_TILES, unroll=1):
-                states = []
-                for t in cutlass.range_constexpr(SWEEP1_TILES):
-                    states.append(kv_state.clone())
-                    kv_state.advance()
-                for t in cutlass.range_constexpr(SWEEP1_TILES):
-                    kv_pipe.consumer_wait(states[t])  # K(SWEEP1_TILES * grp + t) landed
-                accs = [thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN))) for _ in range(SWEEP1_TILES)]
-                warpgroup.fence()
-                turn_wait(wg, PINGPONG)
-                for t in cutlass.range_constexpr(SWEEP1_TILES):
-                    self._gemm_s(qk_mma, qk_rest, accs[t], tSrQ, tSrK, states[t].index)
-                    warpgroup.commit_group()
-                turn_pass(wg, PINGPONG)
-                for t in cutlass.range_constexpr(SWEEP1_TILES):
-                    warpgroup.wait_group(SWEEP1_TILES - 1 - t)
-                    kv_pipe.consumer_release(states[t])
-                    fills = self._tile(False, acc_mn_view(accs[t]), (SWEEP1_TILES * grp + t) * BN, sT, fills, ctid,
-                                       m0, lb, W, mBias, h, tScS_mn, sc2, row_max, row_sum, cta)
-            for nb in cutlass.range(n_blocks - n_blocks % SWEEP1_TILES, n_blocks, unroll=1):  # the last tiles alone
-                kv_pipe.consumer_wait(kv_state)
-                warpgroup.fence()
-                turn_wait(wg, PINGPONG)
-                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
-                warpgroup.commit_group()
-                turn_pass(wg, PINGPONG)
-                warpgroup.wait_group(0)
-                kv_pipe.consumer_release(kv_state)
-                kv_state.advance()
-                fills = self._tile(False, acc_S_mn, nb * BN, sT, fills, ctid, m0, lb, W, mBias, h,
-                                   tScS_mn, sc2, row_max, row_sum, cta)
-            # ---------------- LSE: finish the rows, store (natural log), thresholds tau / i
-            lane = tidx % 4
+            # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
             for r in cutlass.range_constexpr(n_rows):
-                s = quad_reduce(row_sum[r], lambda x, y: x + y)
-                lse2[r] = row_max[r] + cute.math.log2(s, fastmath=False)
                 m = m0 + tOcO_mn[r, 0][0]
-                if lane == 0 and m < L:
-                    mLSE[b, h, m] = self._lse_to_store(lse2[r])
+                lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
                 if cutlass.const_expr(self.causal):
                     thr[r] = mTau[h] / cutlass.Float32(m + 1)
                 else:
                     thr[r] = mTau[h] / cutlass.Float32(lb)
 
-            # ---------------- sweep 2: O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
+            # ---------------- O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
             # A V GEMM of tile nb - 1; tile nb's exponentials run under the latter. The producer's order matches:
             # K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1).
             acc_O.fill(0.0)
-            if n_blocks2 > 0:
+            if n_blocks > 0:
                 kv_pipe.consumer_wait(kv_state)  # K(0) landed
                 self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                fills = self._tile(True, acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
+                fills = self._tile(acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
                                    cta)
                 tOrP_as_S.store(acc_S.load().to(dt))
-            for nb in cutlass.range(1, n_blocks2, unroll=1):
+            for nb in cutlass.range(1, n_blocks, unroll=1):
                 n0 = nb * BN
                 k_state = kv_state.clone()
                 kv_state.advance()  # now V(nb - 1)
@@ -569,15 +465,15 @@ class LazyAttentionFwdSm90(HopperKernel):
                 turn_pass(wg, PINGPONG)
                 warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
                 kv_pipe.consumer_release(k_state)
-                fills = self._tile(True, acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
+                fills = self._tile(acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
                                    cta)
                 warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
                 tOrP_as_S.store(acc_S.load().to(dt))
-            if n_blocks2 > 0:
+            if n_blocks > 0:
                 kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
-                self._zero_v_rows(sV, kv_state.index, (n_blocks2 - 1) * BN, lb, L, ctid)
+                self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
                 warpgroup.fence()
                 turn_wait(wg, PINGPONG)
                 self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)

@@ -132,14 +132,14 @@ def sw128_atoms(dtype):
             warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dtype))
 
 
-def tma_pipeline(barrier_storage, stages: int, tx_bytes):
+def tma_pipeline(barrier_storage, stages: int, tx_bytes, consumer_warps: int = 8):
     """A PipelineTmaAsync ring of ``stages``: one producer thread issues the TMA loads (``tx_bytes`` per stage);
-    each stage is released by one arrive from each of the 8 consumer warps. Every thread of the CTA must call it
-    (mbarrier init, then the CTA barrier create() ends with)."""
+    each stage is released by one arrive from each of the ``consumer_warps`` consumer warps. Every thread of the CTA
+    must call it (mbarrier init, then the CTA barrier create() ends with)."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=barrier_storage, num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=tx_bytes)
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps), tx_count=tx_bytes)
 
 
 def tma_views(tma, smem, gmem, tile_modes: int = 2):

@@ -1,7 +1,8 @@
 """CuTe DSL lazy attention forward launcher (SPEC section 1); imports no DSL.
 
-``kernel(short_name)`` gives the loaded TVM FFI function of ``_lazy_attention_fwd_sm90_kernel`` ("fwd_sm90") for
-the current (head dim, dtype, causal); it runs on torch's current stream (the TVM FFI environment stream).
+Two kernels: ``lse_sm90`` (``_lazy_attention_lse_sm90_kernel``) writes each row's LSE, then ``fwd_sm90``
+(``_lazy_attention_fwd_sm90_kernel``) reads it and writes O. ``kernel(short_name)`` gives the loaded TVM FFI function
+for the current (head dim, dtype, causal); both run on torch's current stream (the TVM FFI environment stream).
 """
 import torch
 
@@ -32,5 +33,6 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     if B == 0 or H == 0 or L == 0:
         return o, lse
     with torch.cuda.device(q.device):
+        kernel("lse_sm90")(qc, kc, bias32, lens, lse, float(scale))
         kernel("fwd_sm90")(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
     return o, lse

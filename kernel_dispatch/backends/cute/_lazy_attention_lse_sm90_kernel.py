@@ -1,0 +1,298 @@
+"""CuTe DSL kernel: the lazy attention forward's row log-sum-exp (SPEC section 1), the LSE its Elastic-Softmax needs
+before the first product with V: ``lse_sm90``, then ``fwd_sm90`` (``_lazy_attention_fwd_sm90_kernel``, O from this
+LSE). The cute backend's forward is these two kernels.
+
+This sweep is a GEMM pass with one exp2 per score: its exponential and row-sum stream is as long as its GEMMs. On the
+forward's two consumer warpgroups (one warp per scheduler each) neither hides under the other; here four consumer
+warpgroups share the SM, so each scheduler has four warps to issue from.
+
+One CTA per (query block of BM = 256 rows, head, batch), five warpgroups (640 threads):
+
+- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers): Q once into sQ as
+  four quarters [WM = 64, D] (four TMA copies completing one barrier of the Q pipeline), then the key tiles [BN, D] of
+  the block (keys below min(m0 + BM, lengths[b]) causal, else lengths[b]) into a ring of STAGES buffers.
+- warpgroups 1 .. 4, the consumers (setmaxnreg up to 112, ``consumer_regs``): warpgroup w owns query rows
+  m0 + 64 (w - 1) ..; per key tile it issues S = Q_w K^T (m64nBNk16, both operands in shared memory), waits,
+  releases the stage and folds the tile into its rows' running max and sum (``_sweep1_rows``: free tiles take the
+  max on q.k and one FFMA per exp2; band tiles add the bias from the table, masked tiles select -inf: the forward
+  module's ``_scores``). A tile no row of the warpgroup sees (causal: its first key after the warpgroup's last row)
+  is released without a GEMM. No ping-pong: the four warpgroups' GEMMs and exponentials interleave by themselves.
+
+Synchronisation:
+- Q pipeline (1 stage): full barrier = the TMA bytes of sQ; the consumers wait once; never refilled.
+- KV pipeline (STAGES stages): full[s] completes when the TMA bytes of stage s land; empty[s] needs one arrive from
+  each of the 16 consumer warps (lane 0 of each) after that warpgroup's GEMM on stage s completed (or, a tile the
+  warpgroup skips, at once).
+- Named barrier 1 (the 512 consumer threads), at CTA-uniform points: (a) after zeroing the rows of sQ at query
+  positions >= lengths[b] (generic stores, then fence.proxy.async, then the barrier, before any wgmma reads them);
+  (b) the bias table: the CTA's table over every distance its tiles see, filled once before the Q wait and published
+  by one barrier after it; where W is too large for it, a per-tile table filled by all consumers on every non-free
+  tile of the block (CTA-uniform: the tile's class is the whole block's), one barrier per fill (the forward's rule:
+  fill k starts after the barrier of fill k - 1, which no consumer passes before its reads of fill k - 2).
+
+Rules: rows >= lengths[b] compute with q = 0 (their LSE is the log-sum-exp of the bias over the valid keys); keys >=
+lengths[b] masked by a select (never by adding -inf); lengths[b] = 0 gives LSE = -inf; NaN propagates (NaN-propagating
+max). The stored LSE is rounded so that its recovery round(LSE * log2 e), which ``fwd_sm90`` and the backward compute,
+does not exceed the row's log2 log-sum-exp (``_lse_to_store``).
+
+Layout (contiguous): Q [B, H, L, D], K [B, Hkv, L, D] fp16/bf16; Bias [H, W] fp32; Lens [B] int32; LSE [B, H, L]
+fp32 (written, natural log). B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
+"""
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ._kernel_key import KernelKey
+from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
+from ._tiles import (DSL_DTYPES, LOG2E, WG, acc_mn_view, compile_kernel, fake_rows, fill_cta_table, grid_block,
+                     grid_dims, keys_free, pairwise_sum, quad_reduce, query_block, score_mmas, struct_bytes,
+                     sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views)
+
+KERNELS = ("lse_sm90",)
+ARGS = {
+    "lse_sm90": [
+        "q fp16/bf16 [B,H,L,D] contiguous",
+        "k fp16/bf16 [B,Hkv,L,D] contiguous",
+        "bias fp32 [H,W] contiguous",
+        "lengths int32 [B] (L when no padding; values in [0, L])",
+        "lse fp32 [B,H,L] (written, natural log)",
+        "scale float (python scalar, >= 0)",
+    ]
+}
+
+WM = 64  # query rows per consumer warpgroup
+CONSUMERS = 4  # consumer warpgroups (BM = WM * CONSUMERS query rows per CTA)
+CTAS_PER_SM = 1  # CTAs the launch asks to fit on one SM (registers and shared memory are sized for it)
+BN = 128  # keys per tile
+STAGES_64, STAGES_128 = 8, 4  # K ring depth per head dim
+PRODUCER_REGS = 24
+TABLE = 512  # entries of one per-tile bias table (BM + BN - 1 used)
+CTA_TABLE = 8192  # entries of the CTA's table over every distance its tiles see
+CONSUMER_BARRIER = 1
+LN2 = 0.6931471805599453
+
+
+def consumer_regs() -> int:
+    """Registers per consumer thread after setmaxnreg: what the launch gives (65536 over the threads of
+    CTAS_PER_SM CTAs, in steps of 8) less the producer warpgroup's 24, shared by the consumers (steps of 8)."""
+    launch = 65536 // (CTAS_PER_SM * (CONSUMERS + 1) * WG) // 8 * 8
+    return ((CONSUMERS + 1) * launch - PRODUCER_REGS) // CONSUMERS // 8 * 8
+
+
+class LazyAttentionLseSm90(LazyAttentionFwdSm90):
+    def __init__(self, head_dim: int, dtype, causal: bool):
+        self.STAGES = {64: STAGES_64, 128: STAGES_128}
+        super().__init__(head_dim, dtype, causal)
+
+
+    @cute.jit
+    def _lse_to_store(self, lse2):
+        """The natural-log LSE for a row whose log2 log-sum-exp is lse2: rounded, then one ulp lower where the
+        backward's recovery round(LSE * log2 e) would exceed lse2 (the backward and ``fwd_sm90`` recompute P against
+        the stored LSE)."""
+        lse = lse2 * LN2
+        bits = cutlass.Int32(llvm.bitcast(cutlass.Int32.mlir_type, lse.ir_value()))
+        step = cutlass.Int32(-1) if lse > 0.0 else cutlass.Int32(1)
+        down = cutlass.Float32(llvm.bitcast(cutlass.Float32.mlir_type, (bits + step).ir_value()))
+        return down if lse * LOG2E > lse2 else lse
+
+    @cute.jit
+    def _sweep1_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
+        """Fold a tile's raw scores (q.k) into the online row max and sum (log2 domain): free tiles straight from
+        q.k, the others after the bias and masks (the forward's ``_scores``)."""
+        if free:
+            self._fold_rows(acc_mn, row_max, row_sum, sc2, True)
+        else:
+            self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
+            self._fold_rows(acc_mn, row_max, row_sum, sc2, False)
+
+    @cute.jit
+    def _fold_rows(self, acc_mn, row_max, row_sum, sc2, raw: cutlass.Constexpr):
+        """row_max / row_sum <- the tile's scores folded in; ``raw``: acc_mn holds q.k (scores = sc2 * q.k: the max
+        is taken on q.k, which needs sc2 >= 0, and exp2 gets one FFMA per score), else log2-domain scores. The
+        tile's row sum is a balanced tree (a chain of 32 dependent adds per row is what ptxas makes of a reduce)."""
+        n_cols = cute.size(acc_mn.shape[1])
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            mx = quad_reduce(acc_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                             cute.arch.fmax)
+            if cutlass.const_expr(raw):
+                mx = mx * sc2
+            prev = row_max[r]
+            new = cute.arch.fmax(prev, mx)
+            safe = cutlass.Float32(0.0) if new == -cutlass.Float32.inf else new
+            for c in cutlass.range_constexpr(n_cols):
+                x = acc_mn[r, c] * sc2 - safe if cutlass.const_expr(raw) else acc_mn[r, c] - safe
+                acc_mn[r, c] = self._exp2(x)
+            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + pairwise_sum(
+                [acc_mn[r, c] for c in range(n_cols)])
+            row_max[r] = new
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mBias: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor,
+                 scale: cutlass.Float32, stream):
+        D = self.D
+        dt = self.dtype
+        BM = WM * CONSUMERS
+        qk_mma, qk_rest = score_mmas(dt, WM, BN)
+        k_atom, _ = sw128_atoms(dt)
+        sQ_layout = cute.tile_to_shape(k_atom, (WM, D, CONSUMERS), order=(0, 1, 2))
+        sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
+        q_t = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0]))
+        k_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[2, 3, 1, 0]))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, cute.slice_(sQ_layout, (None, None, 0)), (WM, D))
+        tma_k, tma_k_t = cpasync.make_tiled_tma_atom(g2s, k_t, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(CTA_TABLE, 2 * TABLE)], 16]
+
+        L = mQ.shape[2]
+        self.kernel(qk_mma, qk_rest, tma_q, tma_q_t, tma_k, tma_k_t, mBias, mLens, mLSE, scale, sQ_layout,
+                    sK_layout, SharedStorage).launch(
+            grid=grid_dims((L + BM - 1) // BM, mQ.shape[1], mQ.shape[0]), block=[(CONSUMERS + 1) * WG, 1, 1],
+            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=CTAS_PER_SM,
+            preferred_smem_carveout=100 if CTAS_PER_SM > 1 else None)  # (given, the DSL does not ask a device)
+
+    @cute.kernel
+    def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, tma_q: cute.CopyAtom, tma_q_t: cute.Tensor,
+               tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, mBias: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor,
+               scale: cutlass.Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               SharedStorage: cutlass.Constexpr):
+        D = self.D
+        dt = self.dtype
+        BM = WM * CONSUMERS
+        tidx, warp_idx, wg_idx = thread_roles()
+        L = mLSE.shape[2]
+        H = mLSE.shape[1]
+        bx, h, b = grid_block()
+        Hkv = tma_k_t.shape[2]
+        W = mBias.shape[1]
+        hk = h // (H // Hkv)
+        mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
+        q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, BM * D * dt.width // 8, 4 * CONSUMERS)
+        kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8, 4 * CONSUMERS)
+
+        gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query quarters)
+        gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
+        tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
+        tKsK, tKgK = tma_views(tma_k, sK, gK)
+
+        if wg_idx == 0:
+            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_pipe.producer_acquire(q_state)
+                for quarter in cutlass.range_constexpr(CONSUMERS):
+                    cute.copy(tma_q, tQgQ[None, CONSUMERS * mb + quarter], tQsQ[None, quarter],
+                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for nb in cutlass.range(n_blocks, unroll=1):
+                    kv_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
+                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+        else:
+            cute.arch.warpgroup_reg_alloc(consumer_regs())
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+            qk_rest.set(warpgroup.Field.ACCUMULATE, True)
+            ctid = tidx - WG  # 0 .. 511 over the consumer warpgroups
+            wg = wg_idx - 1
+            wtid = tidx % WG
+            sc2 = scale * LOG2E
+            wm0 = m0 + WM * wg  # this warpgroup's first query row
+
+            thr_qk = qk_mma.get_slice(wtid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, wg]))
+            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+            acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
+            cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
+            tScS_mn = acc_mn_view(thr_qk.partition_C(cS))
+            acc_S_mn = acc_mn_view(acc_S)
+            n_rows = cute.size(acc_S_mn.shape[0])
+            row_max = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            row_sum = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+
+            cta = fill_cta_table(sT, ctid, CONSUMERS * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_pipe.consumer_wait(q_state)
+            if m0 + BM > lb and lb < L:  # rows at positions >= lengths[b] become zeros (rows >= L arrive as zeros)
+                for i in cutlass.range(ctid, BM * D, CONSUMERS * WG, unroll=1):
+                    r = i // D
+                    if m0 + r >= lb:
+                        sQ[r % WM, i - r * D, r // WM] = dt(0.0)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS * WG)
+            if cta.whole:
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS * WG)
+
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            fills = cutlass.Int32(0)
+            for nb in cutlass.range(n_blocks, unroll=1):
+                n0 = nb * BN
+                tbl, span, fills = tile_table(sT, cta, fills, not keys_free(m0, n0, lb, W, BM, BN, self.causal), ctid,
+                                              m0, n0, W, mBias, h, BM, BN, TABLE, self.causal, CONSUMER_BARRIER,
+                                              CONSUMERS * WG)
+                seen = True
+                if cutlass.const_expr(self.causal):
+                    seen = n0 <= wm0 + WM - 1
+                kv_pipe.consumer_wait(kv_state)
+                if seen:
+                    warpgroup.fence()
+                    self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+                if seen:
+                    free = keys_free(wm0, n0, lb, W, WM, BN, self.causal)
+                    masked = n0 + BN > lb
+                    if cutlass.const_expr(self.causal):
+                        masked = masked or n0 + BN - 1 > wm0
+                    self._sweep1_rows(acc_S_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum)
+
+            lane = tidx % 4
+            for r in cutlass.range_constexpr(n_rows):
+                s = quad_reduce(row_sum[r], lambda x, y: x + y)
+                lse2 = row_max[r] + cute.math.log2(s, fastmath=False)
+                m = m0 + tScS_mn[r, 0][0]
+                if lane == 0 and m < L:
+                    mLSE[b, h, m] = self._lse_to_store(lse2)
+
+
+def fake_args(key: KernelKey):
+    """Fake tensors (B, H, Hkv, L, W runtime) and scalars in ARGS order, plus the env stream."""
+    dt, D = DSL_DTYPES[key.dtype], key.head_dim
+    B, H, Hkv, L, W = (cute.sym_int() for _ in range(5))
+    return [fake_rows(dt, (B, H, L, D)), fake_rows(dt, (B, Hkv, L, D)), fake_rows(cutlass.Float32, (H, W), 4),
+            fake_rows(cutlass.Int32, (B,), 4), fake_rows(cutlass.Float32, (B, H, L), 4), cutlass.Float32(1.0),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
+
+
+def shared_bytes(key: KernelKey) -> int:
+    """Dynamic shared memory of one CTA: the mbarriers, Q [BM, D], STAGES tiles [BN, D], the fp32 bias table."""
+    D, el, stages = key.head_dim, 2, {64: STAGES_64, 128: STAGES_128}[key.head_dim]
+    return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (WM * CONSUMERS * D * el, 1024), (BN * D * el * stages, 1024),
+                         (max(CTA_TABLE, 2 * TABLE) * 4, 16)))
+
+
+def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):
+    """The compiled TVM FFI function for ``key`` (``key.kernel`` must be ``"lse_sm90"``)."""
+    return compile_kernel(LazyAttentionLseSm90, KERNELS, fake_args, key, options)
