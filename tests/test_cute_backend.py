@@ -82,6 +82,16 @@ def test_source_hashes_follow_the_kernel_files():
         _store.source_hash("nope")
 
 
+def test_a_kernel_built_from_another_kernel_module_hashes_that_module_too():
+    import re
+
+    for kernel, module in _store.KERNEL_MODULES.items():
+        text = (_store.PACKAGE_DIR / f"{module}.py").read_text()
+        imported = {f"{m}.py" for m in re.findall(r"^from \.(_lazy_attention_\w+_kernel) import", text, re.M)}
+        assert imported <= set(_store.KERNEL_SOURCES[kernel]), (kernel, imported)
+    assert "_lazy_attention_fwd_sm90_kernel.py" in _store.KERNEL_SOURCES["lse_sm90"]  # its row work is the forward's
+
+
 def test_key_names_are_distinct():
     from kernel_dispatch.backends.cute.build import shipped_keys
 
