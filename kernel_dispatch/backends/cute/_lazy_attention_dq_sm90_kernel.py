@@ -60,7 +60,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, grid_block, grid_dims, one_key_row, quad_reduce, query_block,
+                     fake_rows, fill_cta_table, grid_dims, one_key_row, quad_reduce, query_block, query_grid_block,
                      score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline,
                      tma_views, turn_pass, turn_wait, vector_copy, vector_lanes)
 
@@ -215,10 +215,8 @@ class LazyAttentionDqSm90(HopperKernel):
         tidx, warp_idx, wg_idx = thread_roles()
         LP = mdQ.shape[2]
         H = mdQ.shape[1]
-        bx, h, b = grid_block()
-        Hkv = tma_k_t.shape[2]
+        bx, h, b, hk = query_grid_block(H, tma_k_t.shape[2])
         W = mBias.shape[1]
-        hk = h // (H // Hkv)
         mb, m0, lb, n_blocks = query_block(bx, LP, mLens[b], BM, BN, self.causal)
         if m0 >= lb:
             n_blocks = 0

@@ -81,7 +81,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, grid_block, grid_dims, keys_free, query_block, score_mmas,
+                     fake_rows, fill_cta_table, grid_dims, keys_free, query_block, query_grid_block, score_mmas,
                      store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views,
                      turn_pass, turn_wait)
 
@@ -311,10 +311,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         tidx, warp_idx, wg_idx = thread_roles()
         L = mO.shape[2]
         H = mO.shape[1]
-        bx, h, b = grid_block()
-        Hkv = tma_k_t.shape[2]
+        bx, h, b, hk = query_grid_block(H, tma_k_t.shape[2])
         W = mBias.shape[1]
-        hk = h // (H // Hkv)
         mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
         n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b]: O = 0)
 

@@ -47,8 +47,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
-from ._tiles import (DSL_DTYPES, LOG2E, WG, acc_mn_view, compile_kernel, fake_rows, fill_cta_table, grid_block,
-                     grid_dims, keys_free, pairwise_sum, quad_reduce, query_block, score_mmas, struct_bytes,
+from ._tiles import (DSL_DTYPES, LOG2E, WG, acc_mn_view, compile_kernel, fake_rows, fill_cta_table, grid_dims,
+                     keys_free, pairwise_sum, quad_reduce, query_block, query_grid_block, score_mmas, struct_bytes,
                      sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views)
 
 KERNELS = ("lse_sm90",)
@@ -65,7 +65,6 @@ ARGS = {
 
 WM = 64  # query rows per consumer warpgroup
 CONSUMERS = 4  # consumer warpgroups (BM = WM * CONSUMERS query rows per CTA)
-CTAS_PER_SM = 1  # CTAs the launch asks to fit on one SM (registers and shared memory are sized for it)
 BN = 128  # keys per tile
 STAGES_64, STAGES_128 = 8, 4  # K ring depth per head dim
 PRODUCER_REGS = 24
@@ -76,9 +75,10 @@ LN2 = 0.6931471805599453
 
 
 def consumer_regs() -> int:
-    """Registers per consumer thread after setmaxnreg: what the launch gives (65536 over the threads of
-    CTAS_PER_SM CTAs, in steps of 8) less the producer warpgroup's 24, shared by the consumers (steps of 8)."""
-    launch = 65536 // (CTAS_PER_SM * (CONSUMERS + 1) * WG) // 8 * 8
+    """Registers per consumer thread after setmaxnreg: what the launch gives (65536 over the CTA's threads, in steps
+    of 8) less the producer warpgroup's 24, shared by the consumers (steps of 8). Two CTAs per SM would leave 80 at
+    launch, fewer than ptxas needs for the m64n128 score wgmma (90)."""
+    launch = 65536 // ((CONSUMERS + 1) * WG) // 8 * 8
     return ((CONSUMERS + 1) * launch - PRODUCER_REGS) // CONSUMERS // 8 * 8
 
 
@@ -86,7 +86,6 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
     def __init__(self, head_dim: int, dtype, causal: bool):
         self.STAGES = {64: STAGES_64, 128: STAGES_128}
         super().__init__(head_dim, dtype, causal)
-
 
     @cute.jit
     def _lse_to_store(self, lse2):
@@ -158,8 +157,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
         self.kernel(qk_mma, qk_rest, tma_q, tma_q_t, tma_k, tma_k_t, mBias, mLens, mLSE, scale, sQ_layout,
                     sK_layout, SharedStorage).launch(
             grid=grid_dims((L + BM - 1) // BM, mQ.shape[1], mQ.shape[0]), block=[(CONSUMERS + 1) * WG, 1, 1],
-            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=CTAS_PER_SM,
-            preferred_smem_carveout=100 if CTAS_PER_SM > 1 else None)  # (given, the DSL does not ask a device)
+            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, tma_q: cute.CopyAtom, tma_q_t: cute.Tensor,
@@ -172,10 +170,8 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
         tidx, warp_idx, wg_idx = thread_roles()
         L = mLSE.shape[2]
         H = mLSE.shape[1]
-        bx, h, b = grid_block()
-        Hkv = tma_k_t.shape[2]
+        bx, h, b, hk = query_grid_block(H, tma_k_t.shape[2])
         W = mBias.shape[1]
-        hk = h // (H // Hkv)
         mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
 
         smem = cutlass.memory.SmemAllocator()

@@ -77,6 +77,13 @@ def grid_block():
     return blk, h, b
 
 
+def query_grid_block(heads, kv_heads):
+    """(block, head, batch, kv head) of a query-major CTA in a :func:`grid_dims` grid over query heads: head h reads
+    kv head h // (heads // kv_heads) (GQA)."""
+    bx, h, b = grid_block()
+    return bx, h, b, h // (heads // kv_heads)
+
+
 @cute.jit
 def query_block(bx, rows, lens_b, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr):
     """(query block mb, its first row m0, lb = min(lengths[b], rows), key tiles n) of the CTA with grid index
