@@ -60,9 +60,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, grid_dims, one_key_row, quad_reduce, query_block, query_grid_block,
-                     score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline,
-                     tma_views, turn_pass, turn_wait, vector_copy, vector_lanes)
+                     fake_rows, fill_cta_table, load_row_block, grid_dims, one_key_row, quad_reduce, query_block,
+                     query_grid_block, score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles,
+                     tile_table, tma_pipeline, tma_views, turn_pass, turn_wait, vector_copy, vector_lanes)
 
 KERNELS = ("dq_sm90",)
 ARGS = {
@@ -251,13 +251,7 @@ class LazyAttentionDqSm90(HopperKernel):
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
                 if n_blocks > 0:
-                    q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                    q_pipe.producer_acquire(q_state)
-                    for half in cutlass.range_constexpr(2):
-                        cute.copy(tma_q, tQgQ[None, 2 * mb + half], tQsQ[None, half],
-                                  tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-                        cute.copy(tma_do, tdOgdO[None, 2 * mb + half], tdOsdO[None, half],
-                                  tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                    load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ), (tma_do, tdOgdO, tdOsdO)], 2 * mb, 2)
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for nb in cutlass.range(n_blocks, unroll=1):
                     kv_pipe.producer_acquire(kv_state)

@@ -81,9 +81,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, grid_dims, keys_free, query_block, query_grid_block, score_mmas,
-                     store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views,
-                     turn_pass, turn_wait)
+                     fake_rows, fill_cta_table, grid_dims, keys_free, load_row_block, query_block, query_grid_block,
+                     score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline,
+                     tma_views, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -342,11 +342,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                q_pipe.producer_acquire(q_state)
-                for half in cutlass.range_constexpr(2):  # both halves complete the one Q barrier (tx = BM * D)
-                    cute.copy(tma_q, tQgQ[None, 2 * mb + half], tQsQ[None, half],
-                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], 2 * mb, 2)  # Q as two halves [WM, D]
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 count = cutlass.Int32(0)  # loads issued (the measurement switches skip by it)
                 # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)

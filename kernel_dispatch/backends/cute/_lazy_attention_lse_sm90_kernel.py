@@ -48,8 +48,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
 from ._tiles import (DSL_DTYPES, LOG2E, WG, acc_mn_view, compile_kernel, fake_rows, fill_cta_table, grid_dims,
-                     keys_free, pairwise_sum, quad_reduce, query_block, query_grid_block, score_mmas, struct_bytes,
-                     sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views)
+                     keys_free, load_row_block, pairwise_sum, quad_reduce, query_block, query_grid_block, score_mmas,
+                     struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views)
 
 KERNELS = ("lse_sm90",)
 ARGS = {
@@ -192,11 +192,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                q_pipe.producer_acquire(q_state)
-                for quarter in cutlass.range_constexpr(CONSUMERS):
-                    cute.copy(tma_q, tQgQ[None, CONSUMERS * mb + quarter], tQsQ[None, quarter],
-                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], CONSUMERS * mb, CONSUMERS)  # Q as quarters [WM, D]
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for nb in cutlass.range(n_blocks, unroll=1):
                     kv_pipe.producer_acquire(kv_state)

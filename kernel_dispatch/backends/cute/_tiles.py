@@ -149,6 +149,18 @@ def tma_pipeline(barrier_storage, stages: int, tx_bytes, consumer_warps: int = 8
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps), tx_count=tx_bytes)
 
 
+def load_row_block(pipe, sources, first, parts: int):
+    """Producer side of a 1-stage ``pipe`` (``tma_pipeline``): the CTA's row block as ``parts`` row tiles of each
+    (tma atom, global tiles, shared tiles) in ``sources`` (``tma_views``), global tiles first .. first + parts - 1
+    into shared tiles 0 .. parts - 1, all completing the pipe's one barrier (its tx count is their sum)."""
+    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+    pipe.producer_acquire(state)
+    for part in range(parts):  # unrolled while tracing
+        for tma, gmem_tiles, smem_tiles in sources:
+            cute.copy(tma, gmem_tiles[None, first + part], smem_tiles[None, part],
+                      tma_bar_ptr=pipe.producer_get_barrier(state))
+
+
 def tma_views(tma, smem, gmem, tile_modes: int = 2):
     """(shared, global) TMA partitions of a single-CTA copy: the first ``tile_modes`` modes of ``smem`` and ``gmem``
     are one tile, the rest index stages / tiles."""
