@@ -14,6 +14,7 @@ It prints the minimum and the median over the rounds of the per-launch mean. The
 checked: the kernels are loaded directly.
 """
 import argparse
+import json
 import math
 import os
 import random
@@ -51,6 +52,13 @@ def per_call_ms(fn, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
+def persistent(store: str, kernel: str, D: int) -> bool:
+    """Whether the store's ``kernel`` (bf16, causal, head dim D) is persistent: its sidecar's arguments name a
+    counter."""
+    path = f"{store}/kd_lazy_attention_{kernel}_d{D}_bfloat16_causal.json"
+    return os.path.exists(path) and any("counter" in a for a in json.load(open(path))["args"])
+
+
 def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int,
                kernels=("fwd", "dq", "dkdv")):
     H, W = 16, 512
@@ -63,23 +71,28 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
     lse, delta, rdiv = (torch.empty(B, H, L, device="cuda") for _ in range(3))
     o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
     partial = torch.zeros(B, H, L // 64, 2 * min(W, L) - 1, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     calls_of = {}
     for tag, d in stores.items():
         f = {n: tvm_ffi.load_module(f"{d}/kd_lazy_attention_{n}_d{D}_bfloat16_causal.so")[
             f"kd_lazy_attention_{n}_d{D}_bfloat16_causal"] for n in KERNELS}
-        fwd = (lambda f=f: f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, scale))
+        # a persistent kernel (its sidecar's arguments name a counter) takes a zeroed counter and the SM count too
+        tail = {n: ((lambda: torch.zeros(1, dtype=torch.int32, device="cuda")), sms) if persistent(d, n, D) else ()
+                for n in ("fwd_sm90", "lse_sm90")}
+        extra = {n: (lambda t=t: (t[0](), t[1]) if t else ()) for n, t in tail.items()}
+        fwd = (lambda f=f, x=extra: f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, *x["fwd_sm90"](), scale))
         lse_so = f"{d}/kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal.so"
         if os.path.exists(lse_so):  # the forward in two kernels: lse_sm90, then fwd_sm90 from its LSE
             f["lse_sm90"] = tvm_ffi.load_module(lse_so)[f"kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal"]
-            fwd = (lambda f=f: (f["lse_sm90"](q, k, bias, lens, lse, scale),
-                                f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, scale)))
+            fwd = (lambda f=f, x=extra: (f["lse_sm90"](q, k, bias, lens, lse, *x["lse_sm90"](), scale),
+                                         f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, *x["fwd_sm90"](), scale)))
         calls_of[tag] = {
             "fwd": fwd,
             "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
             "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
         }
         if "lse_sm90" in f and "fwd" in kernels:  # its first kernel alone too
-            calls_of[tag]["lse"] = lambda f=f: f["lse_sm90"](q, k, bias, lens, lse, scale)
+            calls_of[tag]["lse"] = lambda f=f, x=extra: f["lse_sm90"](q, k, bias, lens, lse, *x["lse_sm90"](), scale)
         calls_of[tag] = {n: fn for n, fn in calls_of[tag].items() if n in kernels or n == "lse"}
     outs = {}
     for tag, c in calls_of.items():
@@ -113,10 +126,22 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             times["cudnn"]["fwd"].append(per_call_ms(cudnn_fwd, calls))
             times["cudnn"]["fwd+bwd"].append(per_call_ms(cudnn_fwd_bwd, calls))
+    base = next(iter(calls_of))
     for tag, t in times.items():
-        cells = [f"{n} {min(v):.4f} (median {sorted(v)[len(v) // 2]:.4f})" for n, v in t.items()]
+        cells = [f"{n} {min(v):.4f} (median {median(v):.4f})" for n, v in t.items()]
         total = f"  sum {sum(min(v) for v in t.values()):.4f}" if tag != "cudnn" else ""
-        print(f"B={B} L={L} D={D} {tag:8s} " + "  ".join(cells) + total, flush=True)
+        # paired within each round (the clock drifts between rounds): this store over the first, and over cuDNN
+        pairs = [f"{n}/{base} {median([x / y for x, y in zip(v, times[base][n])]):.4f}"
+                 for n, v in t.items() if tag not in (base, "cudnn")]
+        pairs += [f"fwd/cudnn {median([x / y for x, y in zip(t['fwd'], times['cudnn']['fwd'])]):.3f}"
+                  for _ in [0] if tag != "cudnn" and "fwd" in t]
+        print(f"B={B} L={L} D={D} {tag:8s} " + "  ".join(cells) + total + ("  paired medians: " + "  ".join(pairs)
+                                                                        if pairs else ""), flush=True)
+
+
+def median(values):
+    """The middle value (upper middle for an even count)."""
+    return sorted(values)[len(values) // 2]
 
 
 def main():

@@ -6,9 +6,14 @@ The forward is two kernels: the Elastic-Softmax needs each row's final log-sum-e
 One kernel doing both sweeps (sweep 1 the LSE, sweep 2 this) spends sweep 1 on two consumer warpgroups whose
 exponential stream, as long as its GEMMs, hides under neither; ``lse_sm90`` runs it on four (docs/cute-backend.md).
 
-One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
+Persistent: one CTA per SM (three warpgroups, 384 threads) takes tiles, a tile being (query block of BM = 128 rows,
+head, batch) in grid order (heads fastest, then blocks longest first, then the batch: ``_tiles.tile_coords``), the
+first its CTA index, each next one gridDim.x + a ticket from the call's zeroed counter as the CTA frees up; the next
+tile's Q and first K / V tiles load under the current tile's last ones, and the per-tile prologue (its bias table,
+LSE loads) and O stores overlap the other warpgroup's work instead of a new CTA's launch.
 
-- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). Q once into sQ as
+- warpgroup 0, the producer: its warp 0 claims the tiles (publishing each index through the tile pipe) and issues
+  every TMA load (setmaxnreg down to 24 registers). Per tile, Q into sQ as
   two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key and
   value tiles [BN, D] into a ring of STAGES buffers (the KV pipeline) in the consumers' order: K(0), then K(nb),
   V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). A K tile and a V tile have the same byte size, so they share one
@@ -26,36 +31,45 @@ One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 t
   negates q for a negative one).
 
 Synchronisation (which barrier guards which buffer):
+- Tile pipe (mbarriers, PipelineAsync, 2 slots of sTile): the producer's elected lane writes the next tile index and
+  arrives; every consumer thread waits, reads it and arrives on the slot's empty barrier. An index >= the tile count
+  ends both loops.
 - Q pipeline (mbarriers, PipelineTmaAsync, 1 stage): full barrier = the TMA transaction count of sQ; the consumers
-  wait on it once. sQ is never refilled, so nobody releases it.
+  wait on it once per tile and release it (one arrive per warp) once their last score GEMM of the tile has completed
+  (at once where the tile has no key tile), so the producer loads the next tile's Q under the tile's last
+  exponentials, A V GEMM and stores.
 - KV pipeline (mbarriers, PipelineTmaAsync, STAGES stages): full[s] completes when the TMA bytes of stage s land
   (producer: acquire = wait empty[s] then arrive-expect-tx on full[s]); empty[s] needs one arrive from each of the 8
   consumer warps (lane 0 of each, PipelineTmaAsync.consumer_release) after the warpgroup's wgmma reading stage s
   has completed (a wait_group retiring that GEMM's commit group precedes every release).
-- Named barrier 1 (256 consumer threads), three uses, all at CTA-uniform points:
+- Named barrier 1 (256 consumer threads), two uses, both at CTA-uniform points:
   (a) after the consumers overwrite shared memory with generic stores (rows of sQ at query positions >= lengths[b];
   rows of a V stage at key positions >= lengths[b]) each writer issues fence.proxy.async.shared::cta and then the
   barrier, so the following wgmma (async proxy) sees the zeros. The 256 threads split the elements (each written
   once), and the barrier also orders the zeroing before either warpgroup's GEMM on that buffer.
-  (b) the bias table (generic proxy only): where the CTA's table over distances fits (``CTA_TABLE`` entries:
-  causal min(W, L) <= 7808, non-causal <= 3839) the consumers fill it once, before the Q wait, and pass the barrier
-  once after it; nothing writes it again. Otherwise non-free tile number k fills a
+  (b) per-tile bias tables where W is too large for the CTA's (below): non-free key tile number k fills a
   per-tile table k % 2 and then passes the barrier before anyone reads it; a thread starts fill k only after
   passing the barrier of fill k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill
   k - 2): one barrier per non-free tile, none on free tiles.
+- Table pipe (mbarriers, PipelineAsync, 2 stages among the 256 consumer threads): the CTA's table over every
+  distance a tile's band tiles see (where it fits: ``CTA_TABLE`` / 2 entries, causal min(W, L) <= 3712, non-causal
+  <= 1791) lives in the half of sT of the tile's parity. Each thread acquires it (every thread has released the
+  table of two tiles back), fills its entries (``_tiles.FILL_BATCH`` loads in flight) and commits; a thread waits on
+  it before its first read (its first non-free key tile) and releases it after the tile. No barrier at a tile's
+  start: warpgroup 0 starts its next tile while warpgroup 1 finishes its last turn.
 - Named barriers 2 and 3 (ping-pong scheduler, 256 threads each): barrier 2 + w is warpgroup w's turn. A turn =
   bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the turn's GEMMs, commit,
-  bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns T = n + 1
-  (tile counts are CTA-uniform). Warpgroup 1 arrives once on
-  barrier 2 before its first turn (warpgroup 0 goes first) and warpgroup 0 syncs once more on barrier 2 after its
-  last turn, so barrier 2 sees T + 1 syncs and T + 1 arrivals and barrier 3 T of each: nothing is left pending at
-  exit. A warpgroup cannot arrive twice on one barrier phase: between two hand-overs it must pass a sync that
-  needs the other warpgroup's hand-over, which comes after that warpgroup's sync on the phase in question. The
+  bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns per tile
+  (n + 1, none where n = 0; tile counts are CTA-uniform), and the turns go on across the CTA's tiles. Warpgroup 1
+  arrives once on barrier 2 before its first turn (warpgroup 0 goes first) and warpgroup 0 syncs once more on
+  barrier 2 after its last turn of its last tile, so barrier 2 sees T + 1 syncs and T + 1 arrivals and barrier 3 T
+  of each: nothing is left pending at exit. A warpgroup cannot arrive twice on one barrier phase: between two
+  hand-overs it must pass a sync that needs the other warpgroup's hand-over, which comes after that warpgroup's sync
+  on the phase in question (turns that start and end within each tile would break this at a tile's end). The
   barrier-1 points (tables, zeroing) sit between turns in the same order in both warpgroups, so neither waits at
   barrier 1 for a turn the other cannot take.
-- Named barriers 4 and 5 (epilogue, 128 threads: warpgroup w uses 4 + w): O goes registers -> the warpgroup's own
-  half of sQ (free once its last wgmma completed; the other warpgroup never reads it) -> barrier -> 16-byte copies
-  to global memory for rows < L (``_tiles.store_through_smem``).
+- Epilogue: O goes from registers to global memory (each thread's column pairs as 4-byte stores, rows < L;
+  ``_tiles.store_accumulator``): sQ is the next tile's by then.
 - wgmma: warpgroup.fence() before every GEMM whose register operands (accumulator, A) were written by ordinary
   instructions; a wait_group retiring a GEMM's group before any register or buffer of that GEMM is read,
   rewritten or released.
@@ -80,10 +94,11 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, WG, HopperKernel, acc_mn_view, accumulate_mma, compile_kernel,
-                     fake_rows, fill_cta_table, grid_dims, keys_free, load_row_block, query_block, query_grid_block,
-                     score_mmas, store_through_smem, struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline,
-                     tma_views, turn_pass, turn_wait)
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, WG, HopperKernel, acc_mn_view,
+                     accumulate_mma, claim_next_tile, compile_kernel, fake_rows, fill_cta_table, keys_free,
+                     load_row_block, persistent_grid, publish_tile, query_block, receive_tile, schedule_pipe,
+                     score_mmas, store_accumulator, struct_bytes, sw128_atoms, thread_roles, tile_coords, tile_table,
+                     table_pipe, tma_pipeline, tma_views, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -96,6 +111,8 @@ ARGS = {
         "lengths int32 [B] (L when no padding; values in [0, L])",
         "lse fp32 [B,H,L] (read: lse_sm90's, natural log)",
         "o fp16/bf16 [B,H,L,D] (written)",
+        "counter int32 [1] (zero; the persistent CTAs' tile tickets, written)",
+        "ctas int (python scalar: CTAs to launch, the SM count)",
         "scale float (python scalar)",
     ]
 }
@@ -108,16 +125,16 @@ NUM_THREADS = 3 * WG
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
-CTA_TABLE = 8192  # entries of the CTA's table over every distance its tiles see (where they fit; shared memory)
+CTA_TABLE = 8192  # entries of the CTA's two tables (tile parities) over every distance a tile sees (where they fit)
 CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
-EPILOGUE_BARRIER = 4  # named barriers 4 and 5: one per consumer warpgroup (128 threads), epilogue staging
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
 # argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
 # (what is left: the TMA loads, pipelines, turns and table fills), "half_loads" / "no_loads" skip every other K / V
-# load or all of them (the stage keeps stale data; the producer completes its barrier's bytes itself); several
-# joined by "+"; "" is the kernel. lse_sm90's row folds go through this module's _exp2 and _gemm_s: "no_exp" and
-# "no_gemm" set here apply to it too.
+# load or all of them (the stage keeps stale data; the producer completes its barrier's bytes itself); "no_tiles"
+# runs no key tile at all (what is left: each tile's prologue and its O store of zeros); several joined by "+"; "" is
+# the kernel. lse_sm90's row folds go through this module's _exp2 and _gemm_s: "no_exp" and "no_gemm" set here apply
+# to it too, and so does "no_tiles".
 ABLATE = ""
 
 
@@ -128,7 +145,8 @@ class LazyAttentionFwdSm90(HopperKernel):
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor,
-                 mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor, scale: cutlass.Float32, stream):
+                 mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor, mCounter: cute.Tensor, ctas: cutlass.Int32,
+                 scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
         # S = Q K^T per consumer warpgroup: A = its Q half (WM x D), B = K (BN x D)
@@ -152,6 +170,9 @@ class LazyAttentionFwdSm90(HopperKernel):
 
         @cute.struct
         class SharedStorage:
+            tile_mbar: cute.struct.MemRange[cutlass.Int64, 2 * SCHEDULE_STAGES]  # the tile-index pipe
+            tile: cute.struct.MemRange[cutlass.Int32, SCHEDULE_STAGES]
+            table_mbar: cute.struct.MemRange[cutlass.Int64, 4]  # full[2], empty[2] of the two bias tables
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]  # full, empty of the 1-stage Q pipeline
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]  # full[STAGES], empty[STAGES]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -162,8 +183,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         L = mQ.shape[2]
         n_mblocks = (L + BM - 1) // BM
         self.kernel(qk_mma, qk_rest, pv_mma, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, mBias, mTau, mLens, mLSE,
-                    mO, scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
-            grid=grid_dims(n_mblocks, mQ.shape[1], mQ.shape[0]), block=[NUM_THREADS, 1, 1],
+                    mO, mCounter, scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
+            grid=persistent_grid(ctas, n_mblocks, mQ.shape[1], mQ.shape[0]), block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
@@ -223,7 +244,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         turn_pass(wg, PINGPONG)
 
     @cute.jit
-    def _tile(self, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta):
+    def _tile(self, acc_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr, cta, tbl_pipe,
+              tbl_state):
         """A = relu(P + tau / i) of the tile at keys n0 in place (:meth:`_elastic_rows`); returns the updated count of
         per-tile fills. The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a
         per-tile table filled here (``cta``: :class:`_tiles.CtaTable`)."""
@@ -231,6 +253,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         masked = n0 + BN > lb
         if cutlass.const_expr(self.causal):
             masked = masked or n0 + BN - 1 > m0
+        if not free:
+            tbl_pipe.consumer_wait(tbl_state)  # the tile's table complete
         tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
                                       CONSUMER_BARRIER, 2 * WG)
         self._elastic_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr)
@@ -304,17 +328,18 @@ class LazyAttentionFwdSm90(HopperKernel):
                tma_q_t: cute.Tensor,
                tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, tma_v: cute.CopyAtom, tma_v_t: cute.Tensor,
                mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor, mO: cute.Tensor,
-               scale: cutlass.Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
+               mCounter: cute.Tensor, scale: cutlass.Float32, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         D = self.D
         dt = self.dtype
         tidx, warp_idx, wg_idx = thread_roles()
         L = mO.shape[2]
         H = mO.shape[1]
-        bx, h, b, hk = query_grid_block(H, tma_k_t.shape[2])
+        B = mO.shape[0]
+        Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
-        mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
-        n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b]: O = 0)
+        n_mblocks = (L + BM - 1) // BM
+        total = n_mblocks * H * B
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -322,44 +347,63 @@ class LazyAttentionFwdSm90(HopperKernel):
         sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
+        sTile = storage.tile.get_tensor(cute.make_layout(SCHEDULE_STAGES))
 
         # pipelines (every thread takes part in the mbarrier init and the CTA barrier create() ends with)
+        tile_pipe = schedule_pipe(storage.tile_mbar.data_ptr(), 2 * WG)
+        tbl_pipe = table_pipe(storage.table_mbar.data_ptr(), 2 * WG)
         q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, BM * D * dt.width // 8)
         kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8)
 
-        # TMA partitions: (TMA,) for Q, (TMA, STAGES) / (TMA, key tiles) for K and V
-        gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query halves)
-        gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
-        gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
-        tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
-        tKsK, tKgK = tma_views(tma_k, sK, gK)
-        tVsV, tVgV = tma_views(tma_v, sV, gV)
-
         if wg_idx == 0:
-            # ============================ producer warpgroup: warp 0 issues the TMA loads
+            # ============================ producer warpgroup: warp 0 claims the tiles and issues the TMA loads
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], 2 * mb, 2)  # Q as two halves [WM, D]
+                tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, SCHEDULE_STAGES)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 count = cutlass.Int32(0)  # loads issued (the measurement switches skip by it)
-                # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
-                for nb in cutlass.range(n_blocks, unroll=1):
-                    kv_pipe.producer_acquire(kv_state)
-                    self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
-                    kv_state.advance()
-                    count += 1
-                    if nb > 0:
+                tile, _, _ = cute.arch.block_idx()
+                publish_tile(tile_pipe, tile_state, sTile, tile)
+                tile_state.advance()
+                while tile < total:
+                    bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+                    mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
+                    n_blocks = n_seen if m0 < lb else 0
+                    if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
+                        n_blocks = 0
+                    gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query halves)
+                    gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
+                    gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
+                    tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
+                    tKsK, tKgK = tma_views(tma_k, sK, gK)
+                    tVsV, tVgV = tma_views(tma_v, sV, gV)
+                    # Q as two halves [WM, D], once the consumers' last score GEMMs of the previous tile are done
+                    load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], 2 * mb, 2, q_state)
+                    q_state.advance()
+                    # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
+                    for nb in cutlass.range(n_blocks, unroll=1):
                         kv_pipe.producer_acquire(kv_state)
-                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index], count)
+                        self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
                         kv_state.advance()
                         count += 1
-                if n_blocks > 0:
-                    kv_pipe.producer_acquire(kv_state)
-                    self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV[None, kv_state.index], count)
-                    kv_state.advance()
+                        if nb > 0:
+                            kv_pipe.producer_acquire(kv_state)
+                            self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index],
+                                       count)
+                            kv_state.advance()
+                            count += 1
+                    if n_blocks > 0:
+                        kv_pipe.producer_acquire(kv_state)
+                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV[None, kv_state.index],
+                                   count)
+                        kv_state.advance()
+                    tile = claim_next_tile(mCounter)
+                    publish_tile(tile_pipe, tile_state, sTile, tile)
+                    tile_state.advance()
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
@@ -396,100 +440,123 @@ class LazyAttentionFwdSm90(HopperKernel):
             lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
 
-            # ---------------- the CTA's bias table, filled while Q's TMA is in flight (W too large for it: per-tile
-            # tables, ``_tile``)
-            cta = fill_cta_table(sT, ctid, 2 * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE)
-
-            # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            q_pipe.consumer_wait(q_state)
-            if m0 + BM > lb and lb < L:  # (rows >= L arrive as zeros: TMA's out-of-bounds fill)
-                for i in cutlass.range(ctid, BM * D, 2 * WG, unroll=1):
-                    r = i // D
-                    if m0 + r >= lb:
-                        sQ[r % WM, i - r * D, r // WM] = dt(0.0)
-                cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-            if cta.whole:  # the table is read only after this
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             # bias tables filled so far: fill k writes buffer k % 2; a thread starts fill k only after the barrier
             # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
             fills = cutlass.Int32(0)
+            tbl_fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
+            tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+            tile = receive_tile(tile_pipe, tile_state, sTile)
+            tile_state.advance()
             if cutlass.const_expr(PINGPONG):
-                if wg == 1:  # warpgroup 0 takes the first turn
+                if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
+            while tile < total:
+                bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+                mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
+                n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b])
+                if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
+                    n_blocks = 0
 
-            # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
-            for r in cutlass.range_constexpr(n_rows):
-                m = m0 + tOcO_mn[r, 0][0]
-                lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
-                if cutlass.const_expr(self.causal):
-                    thr[r] = mTau[h] / cutlass.Float32(m + 1)
-                else:
-                    thr[r] = mTau[h] / cutlass.Float32(lb)
+                # ---------------- the CTA's bias table for this head, in the half of sT of the tile's parity (W too
+                # large for it: per-tile tables, ``_tile``)
+                sTk = cute.make_tensor(sT.iterator + tbl_fill.index * (CTA_TABLE // 2),
+                                       cute.make_layout(CTA_TABLE // 2))
+                tbl_pipe.producer_acquire(tbl_fill)
+                cta = fill_cta_table(sTk, ctid, 2 * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE // 2)
+                tbl_pipe.producer_commit(tbl_fill)
+                tbl_fill.advance()
 
-            # ---------------- O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
-            # A V GEMM of tile nb - 1; tile nb's exponentials run under the latter. The producer's order matches:
-            # K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1).
-            acc_O.fill(0.0)
-            if n_blocks > 0:
-                kv_pipe.consumer_wait(kv_state)  # K(0) landed
-                self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
-                warpgroup.wait_group(0)
-                kv_pipe.consumer_release(kv_state)
-                kv_state.advance()
-                fills = self._tile(acc_S_mn, 0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
-                                   cta)
-                tOrP_as_S.store(acc_S.load().to(dt))
-            for nb in cutlass.range(1, n_blocks, unroll=1):
-                n0 = nb * BN
-                k_state = kv_state.clone()
-                kv_state.advance()  # now V(nb - 1)
-                kv_pipe.consumer_wait(k_state)  # K(nb) landed
-                kv_pipe.consumer_wait(kv_state)  # V(nb - 1) landed
-                self._zero_v_rows(sV, kv_state.index, n0 - BN, lb, L, ctid)
-                warpgroup.fence()
-                turn_wait(wg, PINGPONG)
-                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, k_state.index)
-                warpgroup.commit_group()
-                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
-                warpgroup.commit_group()
-                turn_pass(wg, PINGPONG)
-                warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
-                kv_pipe.consumer_release(k_state)
-                fills = self._tile(acc_S_mn, n0, sT, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
-                                   cta)
-                warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
-                kv_pipe.consumer_release(kv_state)
-                kv_state.advance()
-                tOrP_as_S.store(acc_S.load().to(dt))
-            if n_blocks > 0:
-                kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
-                self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
-                warpgroup.fence()
-                turn_wait(wg, PINGPONG)
-                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
-                warpgroup.commit_group()
-                turn_pass(wg, PINGPONG)
-                warpgroup.wait_group(0)
-                kv_pipe.consumer_release(kv_state)
-                kv_state.advance()
+                # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
+                for r in cutlass.range_constexpr(n_rows):
+                    m = m0 + tOcO_mn[r, 0][0]
+                    lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
+                    if cutlass.const_expr(self.causal):
+                        thr[r] = mTau[h] / cutlass.Float32(m + 1)
+                    else:
+                        thr[r] = mTau[h] / cutlass.Float32(lb)
+
+                # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
+                q_pipe.consumer_wait(q_state)
+                if m0 + BM > lb and lb < L:  # (rows >= L arrive as zeros: TMA's out-of-bounds fill)
+                    for i in cutlass.range(ctid, BM * D, 2 * WG, unroll=1):
+                        r = i // D
+                        if m0 + r >= lb:
+                            sQ[r % WM, i - r * D, r // WM] = dt(0.0)
+                    cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+                if n_blocks == 0:  # no score GEMM reads this Q
+                    q_pipe.consumer_release(q_state)
+
+                # ---------------- O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
+                # A V GEMM of tile nb - 1; tile nb's exponentials run under the latter. The producer's order matches:
+                # K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). Q is released to the producer (the
+                # next tile's) once the last score GEMM completed.
+                acc_O.fill(0.0)
+                if n_blocks > 0:
+                    kv_pipe.consumer_wait(kv_state)  # K(0) landed
+                    self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
+                    warpgroup.wait_group(0)
+                    kv_pipe.consumer_release(kv_state)
+                    if n_blocks == 1:
+                        q_pipe.consumer_release(q_state)
+                    kv_state.advance()
+                    fills = self._tile(acc_S_mn, 0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
+                                       cta, tbl_pipe, tbl_read)
+                    tOrP_as_S.store(acc_S.load().to(dt))
+                for nb in cutlass.range(1, n_blocks, unroll=1):
+                    n0 = nb * BN
+                    k_state = kv_state.clone()
+                    kv_state.advance()  # now V(nb - 1)
+                    kv_pipe.consumer_wait(k_state)  # K(nb) landed
+                    kv_pipe.consumer_wait(kv_state)  # V(nb - 1) landed
+                    self._zero_v_rows(sV, kv_state.index, n0 - BN, lb, L, ctid)
+                    warpgroup.fence()
+                    turn_wait(wg, PINGPONG)
+                    self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, k_state.index)
+                    warpgroup.commit_group()
+                    self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                    warpgroup.commit_group()
+                    turn_pass(wg, PINGPONG)
+                    warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
+                    kv_pipe.consumer_release(k_state)
+                    if nb == n_blocks - 1:
+                        q_pipe.consumer_release(q_state)
+                    fills = self._tile(acc_S_mn, n0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2,
+                                       thr, cta, tbl_pipe, tbl_read)
+                    warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
+                    kv_pipe.consumer_release(kv_state)
+                    kv_state.advance()
+                    tOrP_as_S.store(acc_S.load().to(dt))
+                if n_blocks > 0:
+                    kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
+                    self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
+                    warpgroup.fence()
+                    turn_wait(wg, PINGPONG)
+                    self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                    warpgroup.commit_group()
+                    turn_pass(wg, PINGPONG)
+                    warpgroup.wait_group(0)
+                    kv_pipe.consumer_release(kv_state)
+                    kv_state.advance()
+                q_state.advance()
+                tbl_pipe.consumer_release(tbl_read)  # this thread's last read of the tile's table done
+                tbl_read.advance()
+
+                # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored from registers
+                for r in cutlass.range_constexpr(n_rows):
+                    m = m0 + tOcO_mn[r, 0][0]
+                    if m >= lb:
+                        acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
+                gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
+                store_accumulator(pv_mma, acc_O, gO, tOcO_mn, m0, L, wtid, dt)
+                tile = receive_tile(tile_pipe, tile_state, sTile)
+                tile_state.advance()
             if cutlass.const_expr(PINGPONG):
                 if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
                     cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
-
-            # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored
-            for r in cutlass.range_constexpr(n_rows):
-                m = m0 + tOcO_mn[r, 0][0]
-                if m >= lb:
-                    acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
-            # staged through this warpgroup's own half of sQ: its last wgmma reading it completed above
-            # (wait_group(0)) and the other warpgroup never reads it
-            gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
-            store_through_smem(pv_mma, acc_O, sQ[None, None, wg], gO, m0 + WM * wg, L, wtid, EPILOGUE_BARRIER + wg, dt,
-                               WM, D, False)
 
 def fake_args(key: KernelKey):
     """Fake tensors (B, H, Hkv, L, W runtime) and scalars in ARGS order, plus the env stream."""
@@ -498,14 +565,16 @@ def fake_args(key: KernelKey):
     return [fake_rows(dt, (B, H, L, D)), fake_rows(dt, (B, Hkv, L, D)), fake_rows(dt, (B, Hkv, L, D)),
             fake_rows(cutlass.Float32, (H, W), 4), fake_rows(cutlass.Float32, (H,), 4),
             fake_rows(cutlass.Int32, (B,), 4), fake_rows(cutlass.Float32, (B, H, L), 4), fake_rows(dt, (B, H, L, D)),
-            cutlass.Float32(1.0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
+            fake_rows(cutlass.Int32, (1,), 4), cutlass.Int32(1), cutlass.Float32(1.0),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
 
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): the Q and KV pipelines' mbarriers (8 bytes each), Q [BM, D]
     and STAGES tiles [BN, D] (each 1024-byte aligned), the fp32 bias table of CTA_TABLE entries."""
     D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
-    return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024),
+    return struct_bytes(((2 * SCHEDULE_STAGES * 8, 8), (SCHEDULE_STAGES * 4, 4), (4 * 8, 8), (2 * 8, 8),
+                         (2 * stages * 8, 8), (BM * D * el, 1024), (BN * D * el * stages, 1024),
                          (max(CTA_TABLE, 2 * TABLE) * 4, 16)))
 
 

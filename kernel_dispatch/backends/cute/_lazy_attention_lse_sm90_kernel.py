@@ -6,27 +6,33 @@ This sweep is a GEMM pass with one exp2 per score: its exponential and row-sum s
 forward's two consumer warpgroups (one warp per scheduler each) neither hides under the other; here four consumer
 warpgroups share the SM, so each scheduler has four warps to issue from.
 
-One CTA per (query block of BM = 256 rows, head, batch), five warpgroups (640 threads):
+Persistent like ``fwd_sm90``: one CTA per SM (five warpgroups, 640 threads) takes tiles (query block of BM = 256
+rows, head, batch) in grid order, the next one gridDim.x + a ticket from the call's zeroed counter.
 
-- warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers): Q once into sQ as
-  four quarters [WM = 64, D] (four TMA copies completing one barrier of the Q pipeline), then the key tiles [BN, D] of
+- warpgroup 0, the producer: its warp 0 claims the tiles (the tile pipe) and issues every TMA load (setmaxnreg down
+  to 24 registers): per tile, Q into sQ as four quarters [WM = 64, D] (four TMA copies completing one barrier of the Q pipeline), then the key tiles [BN, D] of
   the block (keys below min(m0 + BM, lengths[b]) causal, else lengths[b]) into a ring of STAGES buffers.
 - warpgroups 1 .. 4, the consumers (setmaxnreg up to 112, ``consumer_regs``): warpgroup w owns query rows
   m0 + 64 (w - 1) ..; per key tile it issues S = Q_w K^T (m64nBNk16, both operands in shared memory), waits,
   releases the stage and folds the tile into its rows' running max and sum (``_sweep1_rows``: free tiles take the
   max on q.k and one FFMA per exp2; band tiles add the bias from the table, masked tiles select -inf: the forward
   module's ``_scores``). A tile no row of the warpgroup sees (causal: its first key after the warpgroup's last row)
-  is released without a GEMM. No ping-pong: the four warpgroups' GEMMs and exponentials interleave by themselves.
+  is released without a GEMM. No ping-pong: the four warpgroups' GEMMs and exponentials interleave by themselves
+  (issuing them in turn, 0, 1, 2, 3, 0, ..., timed no faster).
 
-Synchronisation:
-- Q pipeline (1 stage): full barrier = the TMA bytes of sQ; the consumers wait once; never refilled.
+Synchronisation (``fwd_sm90``'s docstring gives the tile and table pipes' rules):
+- Tile pipe (2 slots): the next tile index from the producer's elected lane to the 512 consumer threads.
+- Q pipeline (1 stage): full barrier = the TMA bytes of sQ; the consumers wait once per tile and release it (one
+  arrive per warp) after the tile's last key tile's GEMMs, before its last fold and the LSE stores.
+- Table pipe (2 stages): the CTA's table over every distance a tile sees, in the half of sT of the tile's parity
+  (causal min(W, L) <= 3584, non-causal <= 1663), filled per tile by the 512 consumer threads, waited on before a
+  warpgroup's first non-free key tile, released after the tile.
 - KV pipeline (STAGES stages): full[s] completes when the TMA bytes of stage s land; empty[s] needs one arrive from
   each of the 16 consumer warps (lane 0 of each) after that warpgroup's GEMM on stage s completed (or, a tile the
   warpgroup skips, at once).
 - Named barrier 1 (the 512 consumer threads), at CTA-uniform points: (a) after zeroing the rows of sQ at query
   positions >= lengths[b] (generic stores, then fence.proxy.async, then the barrier, before any wgmma reads them);
-  (b) the bias table: the CTA's table over every distance its tiles see, filled once before the Q wait and published
-  by one barrier after it; where W is too large for it, a per-tile table filled by all consumers on every non-free
+  (b) where W is too large for the CTA's table, a per-tile table filled by all consumers on every non-free
   tile of the block (CTA-uniform: the tile's class is the whole block's), one barrier per fill (the forward's rule:
   fill k starts after the barrier of fill k - 1, which no consumer passes before its reads of fill k - 2).
 
@@ -45,11 +51,13 @@ import cutlass.pipeline as pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from . import _lazy_attention_fwd_sm90_kernel as fwd_module
 from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
-from ._tiles import (DSL_DTYPES, LOG2E, WG, acc_mn_view, compile_kernel, fake_rows, fill_cta_table, grid_dims,
-                     keys_free, load_row_block, pairwise_sum, quad_reduce, query_block, query_grid_block, score_mmas,
-                     struct_bytes, sw128_atoms, thread_roles, tile_table, tma_pipeline, tma_views)
+from ._tiles import (DSL_DTYPES, LOG2E, SCHEDULE_STAGES, WG, acc_mn_view, claim_next_tile, compile_kernel, fake_rows,
+                     fill_cta_table, keys_free, load_row_block, pairwise_sum, persistent_grid, publish_tile,
+                     quad_reduce, query_block, receive_tile, schedule_pipe, score_mmas, struct_bytes, sw128_atoms,
+                     table_pipe, thread_roles, tile_coords, tile_table, tma_pipeline, tma_views)
 
 KERNELS = ("lse_sm90",)
 ARGS = {
@@ -59,6 +67,8 @@ ARGS = {
         "bias fp32 [H,W] contiguous",
         "lengths int32 [B] (L when no padding; values in [0, L])",
         "lse fp32 [B,H,L] (written, natural log)",
+        "counter int32 [1] (zero; the persistent CTAs' tile tickets, written)",
+        "ctas int (python scalar: CTAs to launch, the SM count)",
         "scale float (python scalar, >= 0)",
     ]
 }
@@ -131,7 +141,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mBias: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor,
-                 scale: cutlass.Float32, stream):
+                 mCounter: cute.Tensor, ctas: cutlass.Int32, scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
         BM = WM * CONSUMERS
@@ -147,6 +157,9 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
 
         @cute.struct
         class SharedStorage:
+            tile_mbar: cute.struct.MemRange[cutlass.Int64, 2 * SCHEDULE_STAGES]
+            tile: cute.struct.MemRange[cutlass.Int32, SCHEDULE_STAGES]
+            table_mbar: cute.struct.MemRange[cutlass.Int64, 4]
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -154,51 +167,70 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
             sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(CTA_TABLE, 2 * TABLE)], 16]
 
         L = mQ.shape[2]
-        self.kernel(qk_mma, qk_rest, tma_q, tma_q_t, tma_k, tma_k_t, mBias, mLens, mLSE, scale, sQ_layout,
+        self.kernel(qk_mma, qk_rest, tma_q, tma_q_t, tma_k, tma_k_t, mBias, mLens, mLSE, mCounter, scale, sQ_layout,
                     sK_layout, SharedStorage).launch(
-            grid=grid_dims((L + BM - 1) // BM, mQ.shape[1], mQ.shape[0]), block=[(CONSUMERS + 1) * WG, 1, 1],
+            grid=persistent_grid(ctas, (L + BM - 1) // BM, mQ.shape[1], mQ.shape[0]),
+            block=[(CONSUMERS + 1) * WG, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, tma_q: cute.CopyAtom, tma_q_t: cute.Tensor,
                tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, mBias: cute.Tensor, mLens: cute.Tensor, mLSE: cute.Tensor,
-               scale: cutlass.Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               SharedStorage: cutlass.Constexpr):
+               mCounter: cute.Tensor, scale: cutlass.Float32, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         D = self.D
         dt = self.dtype
         BM = WM * CONSUMERS
         tidx, warp_idx, wg_idx = thread_roles()
         L = mLSE.shape[2]
         H = mLSE.shape[1]
-        bx, h, b, hk = query_grid_block(H, tma_k_t.shape[2])
+        B = mLSE.shape[0]
+        Hkv = tma_k_t.shape[2]
         W = mBias.shape[1]
-        mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
+        n_mblocks = (L + BM - 1) // BM
+        total = n_mblocks * H * B
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
+        sTile = storage.tile.get_tensor(cute.make_layout(SCHEDULE_STAGES))
+        tile_pipe = schedule_pipe(storage.tile_mbar.data_ptr(), CONSUMERS * WG)
+        tbl_pipe = table_pipe(storage.table_mbar.data_ptr(), CONSUMERS * WG)
         q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, BM * D * dt.width // 8, 4 * CONSUMERS)
         kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8, 4 * CONSUMERS)
-
-        gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query quarters)
-        gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
-        tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
-        tKsK, tKgK = tma_views(tma_k, sK, gK)
 
         if wg_idx == 0:
             cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
-                load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], CONSUMERS * mb, CONSUMERS)  # Q as quarters [WM, D]
+                tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, SCHEDULE_STAGES)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for nb in cutlass.range(n_blocks, unroll=1):
-                    kv_pipe.producer_acquire(kv_state)
-                    cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
-                              tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
-                    kv_state.advance()
+                tile, _, _ = cute.arch.block_idx()
+                publish_tile(tile_pipe, tile_state, sTile, tile)
+                tile_state.advance()
+                while tile < total:
+                    bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+                    mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
+                    if cutlass.const_expr("no_tiles" in fwd_module.ABLATE.split("+")):  # the forward's switch
+                        n_blocks = 0
+                    gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query quarters)
+                    gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
+                    tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
+                    tKsK, tKgK = tma_views(tma_k, sK, gK)
+                    load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], CONSUMERS * mb, CONSUMERS, q_state)
+                    q_state.advance()
+                    for nb in cutlass.range(n_blocks, unroll=1):
+                        kv_pipe.producer_acquire(kv_state)
+                        cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
+                                  tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+                        kv_state.advance()
+                    tile = claim_next_tile(mCounter)
+                    publish_tile(tile_pipe, tile_state, sTile, tile)
+                    tile_state.advance()
         else:
             cute.arch.warpgroup_reg_alloc(consumer_regs())
             qk_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -207,7 +239,6 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
             wg = wg_idx - 1
             wtid = tidx % WG
             sc2 = scale * LOG2E
-            wm0 = m0 + WM * wg  # this warpgroup's first query row
 
             thr_qk = qk_mma.get_slice(wtid)
             tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, wg]))
@@ -219,54 +250,82 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
             n_rows = cute.size(acc_S_mn.shape[0])
             row_max = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
 
-            cta = fill_cta_table(sT, ctid, CONSUMERS * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE)
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            q_pipe.consumer_wait(q_state)
-            if m0 + BM > lb and lb < L:  # rows at positions >= lengths[b] become zeros (rows >= L arrive as zeros)
-                for i in cutlass.range(ctid, BM * D, CONSUMERS * WG, unroll=1):
-                    r = i // D
-                    if m0 + r >= lb:
-                        sQ[r % WM, i - r * D, r // WM] = dt(0.0)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS * WG)
-            if cta.whole:
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS * WG)
-
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             fills = cutlass.Int32(0)
-            for nb in cutlass.range(n_blocks, unroll=1):
-                n0 = nb * BN
-                tbl, span, fills = tile_table(sT, cta, fills, not keys_free(m0, n0, lb, W, BM, BN, self.causal), ctid,
-                                              m0, n0, W, mBias, h, BM, BN, TABLE, self.causal, CONSUMER_BARRIER,
-                                              CONSUMERS * WG)
-                seen = True
-                if cutlass.const_expr(self.causal):
-                    seen = n0 <= wm0 + WM - 1
-                kv_pipe.consumer_wait(kv_state)
-                if seen:
-                    warpgroup.fence()
-                    self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
-                kv_pipe.consumer_release(kv_state)
-                kv_state.advance()
-                if seen:
-                    free = keys_free(wm0, n0, lb, W, WM, BN, self.causal)
-                    masked = n0 + BN > lb
-                    if cutlass.const_expr(self.causal):
-                        masked = masked or n0 + BN - 1 > wm0
-                    self._sweep1_rows(acc_S_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum)
+            tbl_fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
+            tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+            tile = receive_tile(tile_pipe, tile_state, sTile)
+            tile_state.advance()
+            while tile < total:
+                bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+                mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
+                if cutlass.const_expr("no_tiles" in fwd_module.ABLATE.split("+")):
+                    n_blocks = 0
+                wm0 = m0 + WM * wg  # this warpgroup's first query row
+                row_max.fill(-cutlass.Float32.inf)
+                row_sum.fill(0.0)
 
-            lane = tidx % 4
-            for r in cutlass.range_constexpr(n_rows):
-                s = quad_reduce(row_sum[r], lambda x, y: x + y)
-                lse2 = row_max[r] + cute.math.log2(s, fastmath=False)
-                m = m0 + tScS_mn[r, 0][0]
-                if lane == 0 and m < L:
-                    mLSE[b, h, m] = self._lse_to_store(lse2)
+                # the table for this head in the half of sT of the tile's parity
+                sTk = cute.make_tensor(sT.iterator + tbl_fill.index * (CTA_TABLE // 2),
+                                       cute.make_layout(CTA_TABLE // 2))
+                tbl_pipe.producer_acquire(tbl_fill)
+                cta = fill_cta_table(sTk, ctid, CONSUMERS * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE // 2)
+                tbl_pipe.producer_commit(tbl_fill)
+                tbl_fill.advance()
+                q_pipe.consumer_wait(q_state)
+                if m0 + BM > lb and lb < L:  # rows at positions >= lengths[b] become zeros (rows >= L arrive as 0)
+                    for i in cutlass.range(ctid, BM * D, CONSUMERS * WG, unroll=1):
+                        r = i // D
+                        if m0 + r >= lb:
+                            sQ[r % WM, i - r * D, r // WM] = dt(0.0)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS * WG)
+                if n_blocks == 0:
+                    q_pipe.consumer_release(q_state)
+
+                for nb in cutlass.range(n_blocks, unroll=1):
+                    n0 = nb * BN
+                    tbl, span, fills = tile_table(sTk, cta, fills, not keys_free(m0, n0, lb, W, BM, BN, self.causal),
+                                                  ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
+                                                  CONSUMER_BARRIER, CONSUMERS * WG)
+                    seen = True
+                    if cutlass.const_expr(self.causal):
+                        seen = n0 <= wm0 + WM - 1
+                    kv_pipe.consumer_wait(kv_state)
+                    if seen:
+                        warpgroup.fence()
+                        self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                    kv_pipe.consumer_release(kv_state)
+                    if nb == n_blocks - 1:  # the last score GEMM done: Q to the producer for the next tile
+                        q_pipe.consumer_release(q_state)
+                    kv_state.advance()
+                    if seen:
+                        free = keys_free(wm0, n0, lb, W, WM, BN, self.causal)
+                        masked = n0 + BN > lb
+                        if cutlass.const_expr(self.causal):
+                            masked = masked or n0 + BN - 1 > wm0
+                        if not free:
+                            tbl_pipe.consumer_wait(tbl_read)  # the tile's table complete
+                        self._sweep1_rows(acc_S_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max,
+                                          row_sum)
+                q_state.advance()
+                tbl_pipe.consumer_release(tbl_read)
+                tbl_read.advance()
+
+                lane = tidx % 4
+                for r in cutlass.range_constexpr(n_rows):
+                    s = quad_reduce(row_sum[r], lambda x, y: x + y)
+                    lse2 = row_max[r] + cute.math.log2(s, fastmath=False)
+                    m = m0 + tScS_mn[r, 0][0]
+                    if lane == 0 and m < L:
+                        mLSE[b, h, m] = self._lse_to_store(lse2)
+                tile = receive_tile(tile_pipe, tile_state, sTile)
+                tile_state.advance()
 
 
 def fake_args(key: KernelKey):
@@ -274,14 +333,17 @@ def fake_args(key: KernelKey):
     dt, D = DSL_DTYPES[key.dtype], key.head_dim
     B, H, Hkv, L, W = (cute.sym_int() for _ in range(5))
     return [fake_rows(dt, (B, H, L, D)), fake_rows(dt, (B, Hkv, L, D)), fake_rows(cutlass.Float32, (H, W), 4),
-            fake_rows(cutlass.Int32, (B,), 4), fake_rows(cutlass.Float32, (B, H, L), 4), cutlass.Float32(1.0),
+            fake_rows(cutlass.Int32, (B,), 4), fake_rows(cutlass.Float32, (B, H, L), 4),
+            fake_rows(cutlass.Int32, (1,), 4), cutlass.Int32(1), cutlass.Float32(1.0),
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
 
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA: the mbarriers, Q [BM, D], STAGES tiles [BN, D], the fp32 bias table."""
     D, el, stages = key.head_dim, 2, {64: STAGES_64, 128: STAGES_128}[key.head_dim]
-    return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (WM * CONSUMERS * D * el, 1024), (BN * D * el * stages, 1024),
+    return struct_bytes(((2 * SCHEDULE_STAGES * 8, 8), (SCHEDULE_STAGES * 4, 4), (4 * 8, 8), (2 * 8, 8),
+                         (2 * stages * 8, 8),
+                         (WM * CONSUMERS * D * el, 1024), (BN * D * el * stages, 1024),
                          (max(CTA_TABLE, 2 * TABLE) * 4, 16)))
 
 

@@ -84,6 +84,74 @@ def query_grid_block(heads, kv_heads):
     return bx, h, b, h // (heads // kv_heads)
 
 
+SCHEDULE_STAGES = 2  # slots of a persistent CTA's tile-index pipe
+FILL_BATCH = 4  # bias-table entries a thread loads at once
+
+
+def table_pipe(barrier_storage, threads: int):
+    """A persistent CTA's two bias tables (one per tile parity) as a pipe among its ``threads`` consumer threads:
+    each fills its entries of tile k's table after ``producer_acquire`` (every thread has released tile k - 2's),
+    ``producer_commit``; reads after ``consumer_wait`` (every entry written); ``consumer_release`` after the tile's
+    last read. No barrier at a tile's start: a warpgroup may start its next tile while the others finish theirs."""
+    group = pipeline.CooperativeGroup(pipeline.Agent.Thread, threads)
+    return pipeline.PipelineAsync.create(barrier_storage=barrier_storage, num_stages=2, producer_group=group,
+                                         consumer_group=group)
+
+
+def schedule_pipe(barrier_storage, consumer_threads: int):
+    """The pipe (``SCHEDULE_STAGES`` mbarrier pairs at ``barrier_storage``) carrying a persistent CTA's next tile
+    index from its producer warp to its ``consumer_threads`` consumer threads (each arrives once per slot)."""
+    return pipeline.PipelineAsync.create(
+        barrier_storage=barrier_storage, num_stages=SCHEDULE_STAGES,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_threads))
+
+
+def persistent_grid(ctas, n_blocks, heads, batch):
+    """The launch grid of a persistent kernel: ``ctas`` CTAs (the SM count) or fewer where there are fewer tiles."""
+    return [cutlass.min(ctas, n_blocks * heads * batch), 1, 1]
+
+
+@cute.jit
+def publish_tile(pipe, state, sTile, tile):
+    """Producer warp (every lane): the next tile index into slot ``state.index`` of ``sTile`` for the consumers
+    (:func:`receive_tile`); the caller advances ``state``. An index >= the tile count ends the consumers' loop."""
+    pipe.producer_acquire(state)
+    with cute.arch.elect_one():
+        sTile[state.index] = tile
+        pipe.producer_commit(state)
+
+
+@cute.jit
+def receive_tile(pipe, state, sTile):
+    """Consumer thread: the tile index in slot ``state.index`` (:func:`publish_tile`); the caller advances."""
+    pipe.consumer_wait(state)
+    tile = sTile[state.index]
+    pipe.consumer_release(state)
+    return tile
+
+
+@cute.jit
+def claim_next_tile(mCounter):
+    """Producer warp (every lane): the next tile of this persistent CTA, gridDim.x + a ticket from the launch's
+    zeroed counter ``mCounter`` [1] int32 (tiles run in index order as CTAs free up, like the hardware's own CTA
+    scheduling of a :func:`grid_dims` grid)."""
+    ticket = cutlass.Int32(0)
+    if cute.arch.lane_idx() == 0:
+        ticket = cute.arch.atomic_add(mCounter.iterator, cutlass.Int32(1))
+    ctas, _, _ = cute.arch.grid_dim()
+    return cute.arch.shuffle_sync(ticket, 0) + ctas
+
+
+@cute.jit
+def tile_coords(tile, heads, kv_heads, n_blocks):
+    """(block, head, batch, kv head) of tile index ``tile`` in :func:`grid_dims` order (heads fastest, then blocks,
+    then the batch)."""
+    h = tile % heads
+    rest = tile // heads
+    return rest % n_blocks, h, rest // n_blocks, h // (heads // kv_heads)
+
+
 @cute.jit
 def query_block(bx, rows, lens_b, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr):
     """(query block mb, its first row m0, lb = min(lengths[b], rows), key tiles n) of the CTA with grid index
@@ -149,11 +217,14 @@ def tma_pipeline(barrier_storage, stages: int, tx_bytes, consumer_warps: int = 8
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps), tx_count=tx_bytes)
 
 
-def load_row_block(pipe, sources, first, parts: int):
+def load_row_block(pipe, sources, first, parts: int, state=None):
     """Producer side of a 1-stage ``pipe`` (``tma_pipeline``): the CTA's row block as ``parts`` row tiles of each
     (tma atom, global tiles, shared tiles) in ``sources`` (``tma_views``), global tiles first .. first + parts - 1
-    into shared tiles 0 .. parts - 1, all completing the pipe's one barrier (its tx count is their sum)."""
-    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+    into shared tiles 0 .. parts - 1, all completing the pipe's one barrier (its tx count is their sum). ``state``:
+    the producer's pipeline state where the buffer is refilled (a persistent CTA; the caller advances it), else the
+    first fill."""
+    if state is None:
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
     pipe.producer_acquire(state)
     for part in range(parts):  # unrolled while tracing
         for tma, gmem_tiles, smem_tiles in sources:
@@ -219,9 +290,13 @@ def fill_bias_table(tbl, t, entries: cutlass.Constexpr, d_first, W, mBias, h, ca
 @cute.jit
 def fill_distance_table(tbl, t0, step: cutlass.Constexpr, count, d_first, W, mBias, h, causal: cutlass.Constexpr):
     """Entries t0, t0 + step, ... below ``count`` of a table over distances: entry t = :func:`bias_at` distance
-    d_first + t (one call per thread of a group of ``step``; the caller's barrier publishes it)."""
-    for t in cutlass.range(t0, count, step, unroll=1):
-        tbl[t] = bias_at(d_first + t, W, mBias, h, causal)
+    d_first + t (one call per thread of a group of ``step``; the caller's barrier publishes it). ``FILL_BATCH`` loads
+    are in flight at a time: a persistent CTA fills a table per tile, on its consumers' path."""
+    for t in cutlass.range(t0, count, FILL_BATCH * step, unroll=1):
+        vals = [bias_at(d_first + t + j * step, W, mBias, h, causal) for j in range(FILL_BATCH)]  # loads in flight
+        for j in cutlass.range_constexpr(FILL_BATCH):
+            if t + j * step < count:
+                tbl[t + j * step] = vals[j]
 
 
 class CtaTable(NamedTuple):
@@ -351,3 +426,19 @@ def store_through_smem(tiled_mma, acc, sO, gO, row0, row_end, wtid, bar_id, dtyp
             cute.copy(gcopy, tr[None, r, None], tgO[None, r, None])
     if cutlass.const_expr(reuse):
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=WG)
+
+
+@cute.jit
+def store_accumulator(tiled_mma, acc, gO, coords_mn, row0, row_end, wtid, dtype: cutlass.Constexpr):
+    """A warpgroup's fp32 accumulator ``acc`` (of ``tiled_mma``) -> ``dtype`` -> straight from registers into its
+    global tile ``gO`` (each thread's column pairs as 4-byte stores), the rows whose position row0 + r (r from
+    ``coords_mn``, the (rows, cols) view of the tile's identity partition) is below ``row_end``. No shared memory:
+    a persistent CTA refills its buffers with the next tile meanwhile."""
+    rO = cute.make_fragment_like(acc, dtype)
+    rO.store(acc.load().to(dtype))
+    tOgO = tiled_mma.get_slice(wtid).partition_C(gO)
+    rO_mn = acc_mn_view(rO)
+    tOgO_mn = acc_mn_view(tOgO)
+    for r in cutlass.range_constexpr(cute.size(rO_mn.shape[0])):
+        if row0 + coords_mn[r, 0][0] < row_end:
+            cute.autovec_copy(rO_mn[r, None], tOgO_mn[r, None])

@@ -2,9 +2,18 @@
 
 Two kernels: ``lse_sm90`` (``_lazy_attention_lse_sm90_kernel``) writes each row's LSE, then ``fwd_sm90``
 (``_lazy_attention_fwd_sm90_kernel``) reads it and writes O. ``kernel(short_name)`` gives the loaded TVM FFI function
-for the current (head dim, dtype, causal); both run on torch's current stream (the TVM FFI environment stream).
+for the current (head dim, dtype, causal); both run on torch's current stream (the TVM FFI environment stream). Both
+are persistent: one CTA per SM, each taking the next query block from a counter the call zeroes.
 """
+import functools
+
 import torch
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``device_index`` (a persistent kernel's CTA count)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -32,7 +41,9 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     o = torch.empty(B, H, L, D, dtype=q.dtype, device=q.device)
     if B == 0 or H == 0 or L == 0:
         return o, lse
+    counters = torch.zeros(2, dtype=torch.int32, device=q.device)  # one per kernel: its CTAs' tile tickets
+    ctas = sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
     with torch.cuda.device(q.device):
-        kernel("lse_sm90")(qc, kc, bias32, lens, lse, float(scale))
-        kernel("fwd_sm90")(qc, kc, vc, bias32, tau32, lens, lse, o, float(scale))
+        kernel("lse_sm90")(qc, kc, bias32, lens, lse, counters[0:1], ctas, float(scale))
+        kernel("fwd_sm90")(qc, kc, vc, bias32, tau32, lens, lse, o, counters[1:2], ctas, float(scale))
     return o, lse
