@@ -10,9 +10,13 @@ import functools
 import torch
 
 
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of CUDA ``device`` (the CTA count of a persistent kernel)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    """Streaming multiprocessors of CUDA device ``device_index`` (a persistent kernel's CTA count)."""
+def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -42,7 +46,7 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     if B == 0 or H == 0 or L == 0:
         return o, lse
     counters = torch.zeros(2, dtype=torch.int32, device=q.device)  # one per kernel: its CTAs' tile tickets
-    ctas = sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    ctas = sm_count(q.device)
     with torch.cuda.device(q.device):
         kernel("lse_sm90")(qc, kc, bias32, lens, lse, counters[0:1], ctas, float(scale))
         kernel("fwd_sm90")(qc, kc, vc, bias32, tau32, lens, lse, o, counters[1:2], ctas, float(scale))

@@ -1,0 +1,56 @@
+"""The cute launchers call every kernel with the arguments its module declares (``ARGS``: count, tensor or python
+scalar, dtype), on a machine without a GPU: a fake ``kernel(name)`` records each call in place of the kernel store.
+A mismatch would otherwise surface only on a GPU, as a TVM FFI error or worse."""
+import contextlib
+import importlib
+
+import pytest
+import torch
+
+from kernel_dispatch.backends.cute import lazy_attention_bwd, lazy_attention_fwd
+from kernel_dispatch.backends.cute._store import KERNEL_MODULES
+
+DECLARED_DTYPES = {"fp32": (torch.float32,), "int32": (torch.int32,), "fp16/bf16": (torch.float16, torch.bfloat16)}
+
+
+def check_call(name, args):
+    """Assert ``args`` match ``ARGS[name]`` of the kernel's module: a second word ``int`` / ``float`` is a python
+    scalar of that type, any other entry a tensor (of the dtype its second word names, where it names one)."""
+    declared = importlib.import_module(f"kernel_dispatch.backends.cute.{KERNEL_MODULES[name]}").ARGS[name]
+    assert len(args) == len(declared), f"{name}: {len(args)} arguments, ARGS declares {len(declared)}"
+    for arg, spec in zip(args, declared):
+        kind = spec.split()[1]
+        if kind in ("int", "float"):
+            assert type(arg) is {"int": int, "float": float}[kind], f"{name}: {spec!r} got {type(arg).__name__}"
+        else:
+            assert isinstance(arg, torch.Tensor), f"{name}: {spec!r} got {type(arg).__name__}"
+            if kind in DECLARED_DTYPES:
+                assert arg.dtype in DECLARED_DTYPES[kind], f"{name}: {spec!r} got {arg.dtype}"
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The kernels' calls as (name, args), with the launchers' CUDA-only steps replaced for a CPU run."""
+    calls = []
+    monkeypatch.setattr(lazy_attention_fwd, "sm_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    return calls, (lambda name: (lambda *args: calls.append((name, args))))
+
+
+@pytest.mark.parametrize("lengths", [None, [5, 3]])
+def test_forward_and_backward_launch_as_declared(recorded, lengths):
+    calls, kernel = recorded
+    B, H, Hkv, L, D, W = 2, 4, 2, 5, 64, 8
+    q = torch.randn(B, H, L, D, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Hkv, L, D, dtype=torch.bfloat16) for _ in range(2))
+    bias, tau = torch.randn(H, W), torch.full((H,), -1.0)
+    lens = None if lengths is None else torch.tensor(lengths)
+    o, lse = lazy_attention_fwd.forward(kernel, q, k, v, bias, tau, 0.125, lens, True)
+    lazy_attention_bwd.backward(kernel, torch.randn_like(o), q, k, v, bias, tau, o, lse, 0.125, lens, True)
+    assert [name for name, _ in calls] == ["lse_sm90", "fwd_sm90", "dq_sm90", "dkdv_sm90"]
+    for name, args in calls:
+        check_call(name, args)
+    counters = [args[5] for name, args in calls if name == "lse_sm90"] + [args[8] for name, args in calls
+                                                                          if name == "fwd_sm90"]
+    assert all(c.shape == (1,) and c.item() == 0 for c in counters)  # each persistent kernel gets a zeroed counter
+    assert counters[0].data_ptr() != counters[1].data_ptr()
