@@ -37,16 +37,17 @@ def recorded(monkeypatch):
     return calls, (lambda name: (lambda *args: calls.append((name, args))))
 
 
-@pytest.mark.parametrize("lengths", [None, [5, 3]])
-def test_forward_and_backward_launch_as_declared(recorded, lengths):
+@pytest.mark.parametrize("lengths, causal", [(None, True), ([5, 3], True), ([5, 3], False)])
+def test_forward_and_backward_launch_as_declared(recorded, lengths, causal):
     calls, kernel = recorded
     B, H, Hkv, L, D, W = 2, 4, 2, 5, 64, 8
     q = torch.randn(B, H, L, D, dtype=torch.bfloat16)
     k, v = (torch.randn(B, Hkv, L, D, dtype=torch.bfloat16) for _ in range(2))
     bias, tau = torch.randn(H, W), torch.full((H,), -1.0)
     lens = None if lengths is None else torch.tensor(lengths)
-    o, lse = lazy_attention_fwd.forward(kernel, q, k, v, bias, tau, 0.125, lens, True)
-    lazy_attention_bwd.backward(kernel, torch.randn_like(o), q, k, v, bias, tau, o, lse, 0.125, lens, True)
+    o, lse = lazy_attention_fwd.forward(kernel, q, k, v, bias, tau, 0.125, lens, causal)
+    dbias = lazy_attention_bwd.backward(kernel, torch.randn_like(o), q, k, v, bias, tau, o, lse, 0.125, lens,
+                                        causal)[3]
     assert [name for name, _ in calls] == ["lse_sm90", "fwd_sm90", "dq_sm90", "dkdv_sm90"]
     for name, args in calls:
         check_call(name, args)
@@ -54,3 +55,6 @@ def test_forward_and_backward_launch_as_declared(recorded, lengths):
                                                                           if name == "fwd_sm90"]
     assert all(c.shape == (1,) and c.item() == 0 for c in counters)  # each persistent kernel gets a zeroed counter
     assert counters[0].data_ptr() != counters[1].data_ptr()
+    partial = next(args[11] for name, args in calls if name == "dkdv_sm90")
+    assert partial.shape == (B, H, 1, min(W, L) if causal else 2 * min(W, L) - 1)  # entries per distance
+    assert dbias.shape == (H, W)

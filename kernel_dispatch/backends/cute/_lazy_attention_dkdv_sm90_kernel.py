@@ -43,7 +43,7 @@ Synchronisation:
       rows i < 64 - w and w - 64 below. Threads 2 w and 2 w + 1 sum column w over the rows that hold entries (20
       loads each, the same for every thread: summing the true diagonals instead, the middle ones take 64 and the
       warpgroup waits for them), swap by shuffle the part the other finishes, and add diagonal w (even thread) or
-      w - 64 (odd) into Partial[b, h, 2 kb + w, dist + WP - 1] (read-modify-write in global memory; the read is
+      w - 64 (odd) into Partial[b, h, 2 kb + w, dist + P0] (read-modify-write in global memory; the read is
       issued right after this tile's table barrier, under the GEMMs). The next writes to sDs
       and the next read of the same Partial entry (by any thread of the warpgroup) come after the table barrier (a)
       of the next non-free tile, which orders them (bar.sync orders the memory accesses of its participants).
@@ -60,7 +60,8 @@ mask Mk = [P + tau / i > 0] can differ between them only where P + tau / i is wi
 
 Layout (the launcher pads rows to LP, a multiple of ROW_MULTIPLE = 64, with zeros): Q, dO [B, H, LP, D];
 K, V, dK, dV [B, Hkv, LP, D] (contiguous, fp16 or bf16, 16-byte aligned); LSE, Delta [B, H, LP] fp32 (16-byte
-aligned: TMA); Bias [H, W] fp32; Tau [H] fp32; Lens [B] int32; Partial [B, H, LP / KEY_BLOCK, 2 min(W, L) - 1] fp32
+aligned: TMA); Bias [H, W] fp32; Tau [H] fp32; Lens [B] int32; Partial [B, H, LP / KEY_BLOCK, min(W, L)] causal
+(entry = distance m - n, P0 = 0), else [.., 2 min(W, L) - 1] (entry = m - n + min(W, L) - 1 = P0 + m - n) fp32
 zero-initialised. The grid covers ceil(LP / 128) key blocks; a second half past LP reads zeros (TMA's
 out-of-bounds fill) and stores nothing.
 """
@@ -81,7 +82,7 @@ ARGS = {
     "dkdv_sm90": ["q fp16/bf16 [B,H,LP,D]", "k [B,Hkv,LP,D]", "v [B,Hkv,LP,D]", "do [B,H,LP,D]",
                   "lse fp32 [B,H,LP] (16-byte aligned)", "delta fp32 [B,H,LP] (16-byte aligned)", "bias fp32 [H,W]",
                   "tau fp32 [H]", "lens int32 [B]", "dk out [B,Hkv,LP,D]", "dv out [B,Hkv,LP,D]",
-                  "partial out fp32 [B,H,LP/64,2*min(W,L)-1] (zeroed)", "L int", "scale float"],
+                  "partial out fp32 [B,H,LP/64,min(W,L) causal else 2*min(W,L)-1] (zeroed)", "L int", "scale float"],
 }
 
 ROW_MULTIPLE = 64  # the launcher pads L to LP, a multiple of this
@@ -206,6 +207,9 @@ class LazyAttentionDkdvSm90(HopperKernel):
         W = mBias.shape[1]
         groups = H // Hkv
         WP = cutlass.min(W, L)
+        p0 = WP - 1  # Partial's entry of distance 0 (causal: only the distances 0 .. WP - 1 exist)
+        if cutlass.const_expr(self.causal):
+            p0 = cutlass.Int32(0)
         lb = mLens[b]
         n0 = kb * BN
 
@@ -379,7 +383,7 @@ class LazyAttentionDkdvSm90(HopperKernel):
                         own = has_diag and dist < WP and dist >= 0
                     part_old = cutlass.Float32(0.0)
                     if band and own:
-                        part_old = mPart[b, h, 2 * kb + wg, dist + WP - 1]
+                        part_old = mPart[b, h, 2 * kb + wg, dist + p0]
                     warpgroup.wait_group(0)  # S^T, dA^T and the previous tile's dV, dK GEMMs
                     if pending == 1:
                         qd_pipe.consumer_release(rel)
@@ -491,7 +495,7 @@ class LazyAttentionDkdvSm90(HopperKernel):
                         got = cute.arch.shuffle_sync_bfly(neg if half == 0 else pos, offset=1, mask=-1,
                                                           mask_and_clamp=31)
                         if own:
-                            mPart[b, h, 2 * kb + wg, dist + WP - 1] = part_old + (pos + got if half == 0 else
+                            mPart[b, h, 2 * kb + wg, dist + p0] = part_old + (pos + got if half == 0 else
                                                                                   got + neg)
                     if cutlass.const_expr(DEFER[D]):
                         pending = cutlass.Int32(1)

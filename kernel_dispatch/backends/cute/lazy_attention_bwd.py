@@ -58,14 +58,15 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
     dk = torch.empty(B, Hkv, LP, D, dtype=dt, device=dev)
     dv = torch.empty(B, Hkv, LP, D, dtype=dt, device=dev)
     WP = min(W, L)
-    partial = torch.zeros(B, H, LP // TILE, 2 * WP - 1, dtype=torch.float32, device=dev)
+    # entry P0 + m - n per distance m - n: causal only 0 .. WP - 1 (P0 = 0), else -(WP - 1) .. WP - 1 (P0 = WP - 1)
+    partial = torch.zeros(B, H, LP // TILE, WP if causal else 2 * WP - 1, dtype=torch.float32, device=dev)
     s = float(scale)
     kernel("dq_sm90")(qp, kp, vp, dop, lse_p, op, bias32, tau32, lens, dq, delta, rdiv, s)
     kernel("dkdv_sm90")(qp, kp, vp, dop, lse_p, delta, bias32, tau32, lens, dk, dv, partial, int(L), s)
     # per (b, h) in fp32, then over the batch in float64: a float64 sum of all of it first copies the whole Partial
     # to float64 (a 2x larger copy kernel, 25 us of a 3 ms step at B=4, H=16, L=4096)
-    full = partial.sum(2).to(torch.float64).sum(0)  # [H, 2 WP - 1], index = signed distance + WP - 1
-    dbias = full[:, WP - 1:].clone()
+    full = partial.sum(2).to(torch.float64).sum(0)  # [H, WP] or [H, 2 WP - 1]: P0 + signed distance
+    dbias = full[:, -WP:].clone()
     if not causal and WP > 1:
         dbias[:, 1:] += full[:, :WP - 1].flip(-1)
     if WP < W:  # distances >= L: no pair of positions is that far apart
