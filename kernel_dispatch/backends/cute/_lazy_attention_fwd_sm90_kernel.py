@@ -95,10 +95,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, WG, HopperKernel, acc_mn_view,
-                     accumulate_mma, compile_kernel, fake_rows, fill_cta_table, keys_free, keys_masked,
-                     load_row_block, persistent_grid, publish_next_tile, publish_tile, query_block, receive_tile,
-                     schedule_pipe, score_mmas, store_accumulator, struct_bytes, sw128_atoms, table_pipe,
-                     thread_roles, tile_coords, tile_table, tma_pipeline, tma_views, turn_pass, turn_wait)
+                     accumulate_mma, claim_next_tile, compile_kernel, fake_rows, fill_cta_table, keys_free,
+                     load_row_block, persistent_grid, publish_tile, query_block, receive_tile, schedule_pipe,
+                     score_mmas, store_accumulator, struct_bytes, sw128_atoms, thread_roles, tile_coords, tile_table,
+                     table_pipe, tma_pipeline, tma_views, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -250,7 +250,9 @@ class LazyAttentionFwdSm90(HopperKernel):
         per-tile fills. The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a
         per-tile table filled here (``cta``: :class:`_tiles.CtaTable`)."""
         free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
-        masked = keys_masked(m0, n0, lb, BN, self.causal)
+        masked = n0 + BN > lb
+        if cutlass.const_expr(self.causal):
+            masked = masked or n0 + BN - 1 > m0
         if not free:
             tbl_pipe.consumer_wait(tbl_state)  # the tile's table complete
         tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
@@ -306,17 +308,6 @@ class LazyAttentionFwdSm90(HopperKernel):
                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
         else:
             cute.copy(tma, src, dst, tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
-
-    @cute.jit
-    def _push(self, kv_pipe, kv_state, tma, src, dst_stages, count):
-        """Producer: the ring stage of ``kv_state`` (acquired) loaded with the K or V tile ``src`` (``_load``);
-        returns (the state of the next stage, the count of loads issued). A new state, not ``kv_state`` advanced in
-        place: the caller assigns it, so a dynamic branch around the call carries it out."""
-        kv_pipe.producer_acquire(kv_state)
-        self._load(kv_pipe, kv_state, tma, src, dst_stages[None, kv_state.index], count)
-        nxt = kv_state.clone()
-        nxt.advance()
-        return nxt, count + 1
 
     @cute.jit
     def _zero_v_rows(self, sV, stage, n0, lb, L, ctid):
@@ -377,6 +368,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 count = cutlass.Int32(0)  # loads issued (the measurement switches skip by it)
                 tile, _, _ = cute.arch.block_idx()
                 publish_tile(tile_pipe, tile_state, sTile, tile)
+                tile_state.advance()
                 while tile < total:
                     bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
                     mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
@@ -394,13 +386,24 @@ class LazyAttentionFwdSm90(HopperKernel):
                     q_state.advance()
                     # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
                     for nb in cutlass.range(n_blocks, unroll=1):
-                        kv_state, count = self._push(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK, count)
+                        kv_pipe.producer_acquire(kv_state)
+                        self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
+                        kv_state.advance()
+                        count += 1
                         if nb > 0:
-                            kv_state, count = self._push(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV, count)
+                            kv_pipe.producer_acquire(kv_state)
+                            self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index],
+                                       count)
+                            kv_state.advance()
+                            count += 1
                     if n_blocks > 0:
-                        kv_state, count = self._push(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV,
-                                                     count)
-                    tile = publish_next_tile(tile_pipe, tile_state, sTile, mCounter)
+                        kv_pipe.producer_acquire(kv_state)
+                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV[None, kv_state.index],
+                                   count)
+                        kv_state.advance()
+                    tile = claim_next_tile(mCounter)
+                    publish_tile(tile_pipe, tile_state, sTile, tile)
+                    tile_state.advance()
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
@@ -446,6 +449,7 @@ class LazyAttentionFwdSm90(HopperKernel):
             tbl_fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
             tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
             tile = receive_tile(tile_pipe, tile_state, sTile)
+            tile_state.advance()
             if cutlass.const_expr(PINGPONG):
                 if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
@@ -549,6 +553,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
                 store_accumulator(pv_mma, acc_O, gO, tOcO_mn, m0, L, wtid, dt)
                 tile = receive_tile(tile_pipe, tile_state, sTile)
+                tile_state.advance()
             if cutlass.const_expr(PINGPONG):
                 if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
                     cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)

@@ -114,37 +114,33 @@ def persistent_grid(ctas, n_blocks, heads, batch):
 
 @cute.jit
 def publish_tile(pipe, state, sTile, tile):
-    """Producer warp (every lane): tile index ``tile`` into slot ``state.index`` of ``sTile`` for the consumers
-    (:func:`receive_tile`), then ``state`` advanced. An index >= the tile count ends the consumers' loop."""
+    """Producer warp (every lane): the next tile index into slot ``state.index`` of ``sTile`` for the consumers
+    (:func:`receive_tile`); the caller advances ``state``. An index >= the tile count ends the consumers' loop."""
     pipe.producer_acquire(state)
     with cute.arch.elect_one():
         sTile[state.index] = tile
         pipe.producer_commit(state)
-    state.advance()
-
-
-@cute.jit
-def publish_next_tile(pipe, state, sTile, mCounter):
-    """Producer warp (every lane): claim this persistent CTA's next tile, gridDim.x + a ticket from the launch's
-    zeroed counter ``mCounter`` [1] int32 (tiles run in index order as CTAs free up, like the hardware's own CTA
-    scheduling of a :func:`grid_dims` grid), and publish it (:func:`publish_tile`); returns it."""
-    ticket = cutlass.Int32(0)
-    if cute.arch.lane_idx() == 0:
-        ticket = cute.arch.atomic_add(mCounter.iterator, cutlass.Int32(1))
-    ctas, _, _ = cute.arch.grid_dim()
-    tile = cute.arch.shuffle_sync(ticket, 0) + ctas
-    publish_tile(pipe, state, sTile, tile)
-    return tile
 
 
 @cute.jit
 def receive_tile(pipe, state, sTile):
-    """Consumer thread: the tile index in slot ``state.index`` (:func:`publish_tile`), then ``state`` advanced."""
+    """Consumer thread: the tile index in slot ``state.index`` (:func:`publish_tile`); the caller advances."""
     pipe.consumer_wait(state)
     tile = sTile[state.index]
     pipe.consumer_release(state)
-    state.advance()
     return tile
+
+
+@cute.jit
+def claim_next_tile(mCounter):
+    """Producer warp (every lane): the next tile of this persistent CTA, gridDim.x + a ticket from the launch's
+    zeroed counter ``mCounter`` [1] int32 (tiles run in index order as CTAs free up, like the hardware's own CTA
+    scheduling of a :func:`grid_dims` grid)."""
+    ticket = cutlass.Int32(0)
+    if cute.arch.lane_idx() == 0:
+        ticket = cute.arch.atomic_add(mCounter.iterator, cutlass.Int32(1))
+    ctas, _, _ = cute.arch.grid_dim()
+    return cute.arch.shuffle_sync(ticket, 0) + ctas
 
 
 @cute.jit
@@ -376,16 +372,6 @@ def keys_free(m0, n0, lb, W, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causa
     else:
         above = n0 >= m0 + BM - 1 + W
         return inside and (below or above)
-
-
-@cute.jit
-def keys_masked(m0, n0, lb, BN: cutlass.Constexpr, causal: cutlass.Constexpr):
-    """Some key of the tile at keys [n0, n0 + BN) is masked for some query row from m0 on: it crosses lengths[b]
-    (``lb``) or, causal, the tile's last key lies after row m0."""
-    masked = n0 + BN > lb
-    if cutlass.const_expr(causal):
-        masked = masked or n0 + BN - 1 > m0
-    return masked
 
 
 @cute.jit
