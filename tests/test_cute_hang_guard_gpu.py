@@ -2,8 +2,10 @@
 
 The cute kernels are warp-specialised (a TMA producer warp, consumer warpgroups taking turns through named barriers,
 mbarrier pipelines): a synchronisation bug hangs the GPU instead of failing an assertion. This test runs one forward
-and backward per head dim and mask through ``backend="cute"`` in a child process that is killed after 120 s, so a
-hang fails here and the numerics are left to the equivalence matrix (tests/test_equivalence.py). Run it first:
+and backward per head dim and mask through ``backend="cute"``, at a small shape and at one where every persistent
+forward CTA takes several tiles (B=4, H=16, L=4096: a pipeline state that the tile loop fails to carry hangs only
+once a CTA takes several tiles), in a child process that is killed after 120 s, so a hang fails here and the
+numerics are left to the equivalence matrix (tests/test_equivalence.py). Run it first:
 
     pytest -m gpu tests/test_cute_hang_guard_gpu.py && pytest -m "gpu or not gpu" tests/test_equivalence.py -k cute
 """
@@ -20,19 +22,22 @@ pytestmark = pytest.mark.gpu
 
 CHILD = """
 import torch, kernel_dispatch as kd
-for D in (64, 128):
-    for causal in (True, False):
-        g = torch.Generator(device="cuda").manual_seed(D)
-        q, k, v = (torch.randn(2, h, 300, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
-                   for h in (4, 2, 2))
-        bias = torch.zeros(4, 40, device="cuda", requires_grad=True)
-        tau = torch.full((4,), -1.0, device="cuda", requires_grad=True)
-        lengths = torch.tensor([300, 201], device="cuda")
-        o = kd.lazy_attention(q, k, v, bias, tau, causal=causal, lengths=lengths, backend="cute")
-        o.float().square().sum().backward()
-        grads = (q.grad, k.grad, v.grad, bias.grad, tau.grad)
-        torch.cuda.synchronize()
-        assert all(torch.isfinite(t).all() for t in (o, *grads)), (D, causal)
+# (B, H, Hkv, L, lengths): small, then enough query blocks that every persistent forward CTA takes several tiles
+SHAPES = ((2, 4, 2, 300, [300, 201]), (4, 16, 16, 4096, None))
+for B, H, Hkv, L, lens in SHAPES:
+    for D in (64, 128):
+        for causal in (True, False):
+            g = torch.Generator(device="cuda").manual_seed(D)
+            q, k, v = (torch.randn(B, h, L, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+                       for h in (H, Hkv, Hkv))
+            bias = torch.zeros(H, 40, device="cuda", requires_grad=True)
+            tau = torch.full((H,), -1.0, device="cuda", requires_grad=True)
+            lengths = None if lens is None else torch.tensor(lens, device="cuda")
+            o = kd.lazy_attention(q, k, v, bias, tau, causal=causal, lengths=lengths, backend="cute")
+            o.float().square().sum().backward()
+            grads = (q.grad, k.grad, v.grad, bias.grad, tau.grad)
+            torch.cuda.synchronize()
+            assert all(torch.isfinite(t).all() for t in (o, *grads)), (B, L, D, causal)
 print("done")
 """
 
