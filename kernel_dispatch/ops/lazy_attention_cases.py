@@ -62,7 +62,8 @@ CASES = _SMALL + tuple(
     AttnCase("realistic_w_gt_l", B=2, H=16, Hkv=16, L=1024, D=128, W=1536, gpu_only=True),
     # a bias longer than the TileLang kernels' distance table (DIST_TABLE = 1024): their per-element band path
     AttnCase("bias_beyond_table", B=1, H=2, Hkv=1, L=1400, D=64, W=1100, gpu_only=True),
-    # non-causal distances beyond the cute forward's CTA bias table (min(W, L) <= 3839): its per-tile tables
+    # non-causal distances beyond the cute kernels' CTA bias tables (min(W, L) <= 1791 fwd, 1663 lse, 3391 dQ): their
+    # per-tile tables
     AttnCase("noncausal_bias_beyond_cta_table", B=1, H=2, Hkv=2, L=4096, D=64, W=4000, causal=False,
              gpu_only=True),
 )
