@@ -12,8 +12,8 @@ CAPABILITIES = {
         devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
         notes="Hopper (sm_90) only; kernels prebuilt (python -m kernel_dispatch.backends.cute.build) or compiled at "
               "first use where the DSL is installed; fp32 and float64: no; non-contiguous inputs are copied; first "
-              "in auto: its fwd+bwd is the fastest here (H100: 1.48-1.54x of cuDNN against TileLang's 2.01x at "
-              "D=128, 1.66-1.67x against 2.04x at D=64)"),
+              "in auto: its fwd+bwd is the fastest here (H100: 1.42-1.53x of cuDNN against TileLang's 2.01x at "
+              "D=128, 1.61-1.64x against 2.04x at D=64)"),
 }
 # First in auto where it runs: on an H100 its forward + backward is the fastest lazy attention here at D = 128 and
 # D = 64 (docs/cute-backend.md, "Speed").
