@@ -95,10 +95,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
 from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, WG, HopperKernel, acc_mn_view,
-                     accumulate_mma, claim_next_tile, compile_kernel, fake_rows, fill_cta_table, keys_free,
-                     load_row_block, persistent_grid, publish_tile, query_block, receive_tile, schedule_pipe,
-                     score_mmas, store_accumulator, struct_bytes, sw128_atoms, thread_roles, tile_coords, tile_table,
-                     table_pipe, tma_pipeline, tma_views, turn_pass, turn_wait)
+                     accumulate_mma, claim_next_tile, compile_kernel, fake_rows, fill_cta_table, load_row_block,
+                     persistent_grid, publish_tile, query_block, receive_tile, schedule_pipe, score_mmas,
+                     start_producer, store_accumulator, struct_bytes, sw128_atoms, table_pipe, thread_roles,
+                     tile_class, tile_coords, tile_table, tma_pipeline, tma_views, turn_pass, turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -141,6 +141,10 @@ ABLATE = ""
 
 class LazyAttentionFwdSm90(HopperKernel):
     STAGES = STAGES
+
+    def key_tile(self) -> int:
+        """Keys per score tile (the bias view of ``_scores`` is indexed by row - key + key_tile - 1)."""
+        return BN
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -204,14 +208,15 @@ class LazyAttentionFwdSm90(HopperKernel):
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 j = tScS_mn[0, c][1]
                 for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                    acc_mn[r, c] = acc_mn[r, c] * sc2 + sT[tScS_mn[r, 0][0] - j + (BN - 1)]
+                    acc_mn[r, c] = acc_mn[r, c] * sc2 + sT[tScS_mn[r, 0][0] - j + (self.key_tile() - 1)]
         else:
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 j = tScS_mn[0, c][1]
                 key_ok = n0 + j < lb
                 for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                     i = tScS_mn[r, 0][0]
-                    val = acc_mn[r, c] * sc2 + sT[cutlass.min(cutlass.max(i - j + (BN - 1), span.lo), span.hi)]
+                    val = acc_mn[r, c] * sc2 + sT[cutlass.min(cutlass.max(i - j + (self.key_tile() - 1), span.lo),
+                                                           span.hi)]
                     ok = key_ok
                     if cutlass.const_expr(self.causal):
                         ok = key_ok and (n0 + j <= m0 + i)
@@ -249,10 +254,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         """A = relu(P + tau / i) of the tile at keys n0 in place (:meth:`_elastic_rows`); returns the updated count of
         per-tile fills. The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a
         per-tile table filled here (``cta``: :class:`_tiles.CtaTable`)."""
-        free = keys_free(m0, n0, lb, W, BM, BN, self.causal)
-        masked = n0 + BN > lb
-        if cutlass.const_expr(self.causal):
-            masked = masked or n0 + BN - 1 > m0
+        free, masked = tile_class(m0, n0, lb, W, BM, BN, self.causal)
         if not free:
             tbl_pipe.consumer_wait(tbl_state)  # the tile's table complete
         tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
@@ -292,9 +294,12 @@ class LazyAttentionFwdSm90(HopperKernel):
                 acc_mn[r, c] = cute.arch.fmax(p + thr[r], zero, nan=True)
 
     @cute.jit
-    def _load(self, kv_pipe, kv_state, tma, src, dst, count):
-        """One K or V tile into the stage of ``kv_state`` (acquired); under the "half_loads" / "no_loads" switches
-        a skipped tile's bytes are completed on the stage's barrier instead (timing only)."""
+    def _load(self, kv_pipe, kv_state, tma, src, stages, count):
+        """One K or V tile into ``stages``' stage of ``kv_state``, after acquiring it (the caller advances the
+        state); under the "half_loads" / "no_loads" switches a skipped tile's bytes are completed on the stage's
+        barrier instead (timing only)."""
+        kv_pipe.producer_acquire(kv_state)
+        dst = stages[None, kv_state.index]
         skip = False
         if cutlass.const_expr("no_loads" in ABLATE.split("+")):
             skip = True
@@ -362,13 +367,8 @@ class LazyAttentionFwdSm90(HopperKernel):
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, SCHEDULE_STAGES)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                tile, tile_state, q_state, kv_state = start_producer(tile_pipe, sTile, self.stages)
                 count = cutlass.Int32(0)  # loads issued (the measurement switches skip by it)
-                tile, _, _ = cute.arch.block_idx()
-                publish_tile(tile_pipe, tile_state, sTile, tile)
-                tile_state.advance()
                 while tile < total:
                     bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
                     mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
@@ -386,20 +386,15 @@ class LazyAttentionFwdSm90(HopperKernel):
                     q_state.advance()
                     # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
                     for nb in cutlass.range(n_blocks, unroll=1):
-                        kv_pipe.producer_acquire(kv_state)
-                        self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK[None, kv_state.index], count)
+                        self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK, count)
                         kv_state.advance()
                         count += 1
                         if nb > 0:
-                            kv_pipe.producer_acquire(kv_state)
-                            self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV[None, kv_state.index],
-                                       count)
+                            self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV, count)
                             kv_state.advance()
                             count += 1
                     if n_blocks > 0:
-                        kv_pipe.producer_acquire(kv_state)
-                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV[None, kv_state.index],
-                                   count)
+                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV, count)
                         kv_state.advance()
                     tile = claim_next_tile(mCounter)
                     publish_tile(tile_pipe, tile_state, sTile, tile)

@@ -10,8 +10,9 @@ Persistent like ``fwd_sm90``: one CTA per SM (five warpgroups, 640 threads) take
 rows, head, batch) in grid order, the next one gridDim.x + a ticket from the call's zeroed counter.
 
 - warpgroup 0, the producer: its warp 0 claims the tiles (the tile pipe) and issues every TMA load (setmaxnreg down
-  to 24 registers): per tile, Q into sQ as four quarters [WM = 64, D] (four TMA copies completing one barrier of the Q pipeline), then the key tiles [BN, D] of
-  the block (keys below min(m0 + BM, lengths[b]) causal, else lengths[b]) into a ring of STAGES buffers.
+  to 24 registers): per tile, Q into sQ as four quarters [WM = 64, D] (four TMA copies completing one barrier of the
+  Q pipeline), then the key tiles [BN, D] of the block (keys below min(m0 + BM, lengths[b]) causal, else
+  lengths[b]) into a ring of STAGES buffers.
 - warpgroups 1 .. 4, the consumers (setmaxnreg up to 112, ``consumer_regs``): warpgroup w owns query rows
   m0 + 64 (w - 1) ..; per key tile it issues S = Q_w K^T (m64nBNk16, both operands in shared memory), waits,
   releases the stage and folds the tile into its rows' running max and sum (``_sweep1_rows``: free tiles take the
@@ -56,8 +57,9 @@ from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
 from ._tiles import (DSL_DTYPES, LOG2E, SCHEDULE_STAGES, WG, acc_mn_view, claim_next_tile, compile_kernel, fake_rows,
                      fill_cta_table, keys_free, load_row_block, pairwise_sum, persistent_grid, publish_tile,
-                     quad_reduce, query_block, receive_tile, schedule_pipe, score_mmas, struct_bytes, sw128_atoms,
-                     table_pipe, thread_roles, tile_coords, tile_table, tma_pipeline, tma_views)
+                     quad_reduce, query_block, receive_tile, schedule_pipe, score_mmas, start_producer, struct_bytes,
+                     sw128_atoms, table_pipe, thread_roles, tile_class, tile_coords, tile_table, tma_pipeline,
+                     tma_views)
 
 KERNELS = ("lse_sm90",)
 ARGS = {
@@ -96,6 +98,9 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
     def __init__(self, head_dim: int, dtype, causal: bool):
         self.STAGES = {64: STAGES_64, 128: STAGES_128}
         super().__init__(head_dim, dtype, causal)
+
+    def key_tile(self) -> int:
+        return BN
 
     @cute.jit
     def _lse_to_store(self, lse2):
@@ -206,12 +211,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
-                tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, SCHEDULE_STAGES)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                tile, _, _ = cute.arch.block_idx()
-                publish_tile(tile_pipe, tile_state, sTile, tile)
-                tile_state.advance()
+                tile, tile_state, q_state, kv_state = start_producer(tile_pipe, sTile, self.stages)
                 while tile < total:
                     bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
                     mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
@@ -305,10 +305,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
                         q_pipe.consumer_release(q_state)
                     kv_state.advance()
                     if seen:
-                        free = keys_free(wm0, n0, lb, W, WM, BN, self.causal)
-                        masked = n0 + BN > lb
-                        if cutlass.const_expr(self.causal):
-                            masked = masked or n0 + BN - 1 > wm0
+                        free, masked = tile_class(wm0, n0, lb, W, WM, BN, self.causal)
                         if not free:
                             tbl_pipe.consumer_wait(tbl_read)  # the tile's table complete
                         self._sweep1_rows(acc_S_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max,

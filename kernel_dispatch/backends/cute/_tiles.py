@@ -123,6 +123,20 @@ def publish_tile(pipe, state, sTile, tile):
 
 
 @cute.jit
+def start_producer(pipe, sTile, stages: cutlass.Constexpr):
+    """Producer warp of a persistent kernel, before its tile loop: the CTA's first tile (its block index) published
+    on the tile pipe, and the producer states (tile pipe, already past that tile; the Q pipeline of one stage; the
+    K / V ring of ``stages``). Returns (tile, tile_state, q_state, kv_state); the loop advances the states itself."""
+    tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, SCHEDULE_STAGES)
+    q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+    kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    tile, _, _ = cute.arch.block_idx()
+    publish_tile(pipe, tile_state, sTile, tile)
+    tile_state.advance()
+    return tile, tile_state, q_state, kv_state
+
+
+@cute.jit
 def receive_tile(pipe, state, sTile):
     """Consumer thread: the tile index in slot ``state.index`` (:func:`publish_tile`); the caller advances."""
     pipe.consumer_wait(state)
@@ -372,6 +386,16 @@ def keys_free(m0, n0, lb, W, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causa
     else:
         above = n0 >= m0 + BM - 1 + W
         return inside and (below or above)
+
+
+@cute.jit
+def tile_class(m0, n0, lb, W, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr):
+    """(free, masked) of the tile [m0, m0 + BM) x [n0, n0 + BN): free as :func:`keys_free`; masked where some key
+    is at or past lengths[b] (``lb``) or, causal, some key lies after the first row (the diagonal crosses it)."""
+    masked = n0 + BN > lb
+    if cutlass.const_expr(causal):
+        masked = masked or n0 + BN - 1 > m0
+    return keys_free(m0, n0, lb, W, BM, BN, causal), masked
 
 
 @cute.jit
