@@ -134,7 +134,7 @@ PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
 # load or all of them (the stage keeps stale data; the producer completes its barrier's bytes itself); "no_tiles"
 # runs no key tile at all (what is left: each tile's prologue and its O store of zeros); several joined by "+"; "" is
 # the kernel. lse_sm90's row folds go through this module's _exp2 and _gemm_s: "no_exp" and "no_gemm" set here apply
-# to it too, and so does "no_tiles".
+# to it too, and so does "no_tiles"; "no_max" (lse_sm90 only) skips its free tiles' row max.
 ABLATE = ""
 
 
