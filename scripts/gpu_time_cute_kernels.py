@@ -4,7 +4,7 @@
 
 Each STORE is a directory of built kernels (``python -m kernel_dispatch.backends.cute.build --out DIR``, or
 ``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME`` (or the installed DSL).
-Shapes are BxLxD with H = 16, bf16, causal, W = 512, tau = -1. The forward ("fwd") is lse_sm90 then fwd_sm90 where the
+Shapes are BxLxD with H = 16, bf16, causal, W = 512 (``--W``), tau = -1. The forward ("fwd") is lse_sm90 then fwd_sm90 where the
 store has lse_sm90 (timed alone too, "lse"), else fwd_sm90 alone (a store of the one-kernel forward). For each shape
 the script first runs the forward, dq_sm90 and dkdv_sm90 of every store once and says whether their outputs are
 bitwise equal to the first store's (else the largest difference of each output, against its largest magnitude), then
@@ -61,8 +61,8 @@ def persistent(store: str, kernel: str, D: int) -> bool:
 
 
 def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int,
-               kernels=("fwd", "dq", "dkdv")):
-    H, W = 16, 512
+               kernels=("fwd", "dq", "dkdv"), W: int = 512):
+    H = 16
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
     bias = 0.1 * torch.randn(H, W, device="cuda", generator=g)
@@ -152,6 +152,7 @@ def main():
     p.add_argument("--shapes", default="4x4096x128,4x4096x64,2x16384x128", help="comma list of BxLxD")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--calls", type=int, default=20, help="back-to-back launches per timing")
+    p.add_argument("--W", type=int, default=512, help="bias length (distances with a learned bias)")
     p.add_argument("--kernels", default="fwd,dq,dkdv", help="comma list of the kernels to time (fwd, dq, dkdv)")
     a = p.parse_args()
     stores = {}
@@ -163,7 +164,7 @@ def main():
     tvm_ffi = load_runtime()
     for shape in a.shapes.split(","):
         B, L, D = (int(x) for x in shape.split("x"))
-        time_shape(tvm_ffi, stores, B, L, D, a.rounds, a.calls, tuple(a.kernels.split(",")))
+        time_shape(tvm_ffi, stores, B, L, D, a.rounds, a.calls, tuple(a.kernels.split(",")), a.W)
         torch.cuda.empty_cache()
 
 
