@@ -4,8 +4,9 @@
 
 Each STORE is a directory of built kernels (``python -m kernel_dispatch.backends.cute.build --out DIR``, or
 ``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME`` (or the installed DSL).
-Shapes are BxLxD with H = 16, bf16, causal, W = 512 (``--W``), tau = -1. The forward ("fwd") is lse_sm90 then fwd_sm90 where the
-store has lse_sm90 (timed alone too, "lse"), else fwd_sm90 alone (a store of the one-kernel forward). For each shape
+Shapes are BxLxD with H = 16, bf16, causal, W = 512 (``--W``), tau = -1. The forward ("fwd") is lse_sm90 then
+fwd_sm90 where the store has lse_sm90 (timed alone too, "lse"), else fwd_sm90 alone (a store of the one-kernel
+forward). For each shape
 the script first runs the forward, dq_sm90 and dkdv_sm90 of every store once and says whether their outputs are
 bitwise equal to the first store's (else the largest difference of each output, against its largest magnitude), then
 times each kernel by CUDA events around ``--calls`` back-to-back launches (warm L2, launch overhead hidden), stores in
@@ -155,6 +156,8 @@ def main():
     p.add_argument("--W", type=int, default=512, help="bias length (distances with a learned bias)")
     p.add_argument("--kernels", default="fwd,dq,dkdv", help="comma list of the kernels to time (fwd, dq, dkdv)")
     a = p.parse_args()
+    if a.W < 1:
+        p.error(f"--W: expected a bias length >= 1, got {a.W}")
     stores = {}
     for s in a.stores:
         tag, sep, d = s.partition("=")
