@@ -9,15 +9,17 @@ exponential stream, as long as its GEMMs, hides under neither; ``lse_sm90`` runs
 Persistent: one CTA per SM (three warpgroups, 384 threads) takes tiles, a tile being (query block of BM = 128 rows,
 head, batch) in grid order (heads fastest, then blocks longest first, then the batch: ``_tiles.tile_coords``), the
 first its CTA index, each next one gridDim.x + a ticket from the call's zeroed counter as the CTA frees up; the next
-tile's Q and first K / V tiles load under the current tile's last ones, and the per-tile prologue (its bias table,
-LSE loads) and O stores overlap the other warpgroup's work instead of a new CTA's launch.
+tile's Q and first K / V tiles load under the current tile's last ones, its bias table is filled while the current
+one runs, and the per-tile prologue (LSE loads) and O stores overlap the other warpgroup's work instead of a new
+CTA's launch.
 
 - warpgroup 0, the producer: its warp 0 claims the tiles (publishing each index through the tile pipe) and issues
   every TMA load (setmaxnreg down to 24 registers). Per tile, Q into sQ as
   two halves [WM = 64, D] (two TMA copies completing one barrier of the Q pipeline, one stage), then the key and
   value tiles [BN, D] into a ring of STAGES buffers (the KV pipeline) in the consumers' order: K(0), then K(nb),
   V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). A K tile and a V tile have the same byte size, so they share one
-  ring (a V stage is the same bytes seen through V's MN-major swizzled layout).
+  ring (a V stage is the same bytes seen through V's MN-major swizzled layout). Its warps 1..3, the table fillers,
+  take each tile index too and fill the tile's bias table a tile ahead (``_tiles.fill_tables_ahead``).
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
   wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
@@ -32,8 +34,8 @@ LSE loads) and O stores overlap the other warpgroup's work instead of a new CTA'
 
 Synchronisation (which barrier guards which buffer):
 - Tile pipe (mbarriers, PipelineAsync, 2 slots of sTile): the producer's elected lane writes the next tile index and
-  arrives; every consumer thread waits, reads it and arrives on the slot's empty barrier. An index >= the tile count
-  ends both loops.
+  arrives; every consumer and table-filler thread waits, reads it and arrives on the slot's empty barrier. An index
+  >= the tile count ends the three loops.
 - Q pipeline (mbarriers, PipelineTmaAsync, 1 stage): full barrier = the TMA transaction count of sQ; the consumers
   wait on it once per tile and release it (one arrive per warp) once their last score GEMM of the tile has completed
   (at once where the tile has no key tile), so the producer loads the next tile's Q under the tile's last
@@ -51,12 +53,12 @@ Synchronisation (which barrier guards which buffer):
   per-tile table k % 2 and then passes the barrier before anyone reads it; a thread starts fill k only after
   passing the barrier of fill k - 1, which no consumer reaches before finishing its reads of table k % 2 (fill
   k - 2): one barrier per non-free tile, none on free tiles.
-- Table pipe (mbarriers, PipelineAsync, 2 stages among the 256 consumer threads): the CTA's table over every
-  distance a tile's band tiles see (where it fits: ``CTA_TABLE`` / 2 entries, causal min(W, L) <= 3712, non-causal
-  <= 1791) lives in the half of sT of the tile's parity. Each thread acquires it (every thread has released the
-  table of two tiles back), fills its entries (``_tiles.FILL_BATCH`` loads in flight) and commits; a thread waits on
-  it before its first read (its first non-free key tile) and releases it after the tile. No barrier at a tile's
-  start: warpgroup 0 starts its next tile while warpgroup 1 finishes its last turn.
+- Table pipe (mbarriers, PipelineAsync, 2 stages from the 96 table fillers to the 256 consumer threads): the CTA's
+  table over every distance a tile's band tiles see (where it fits: ``CTA_TABLE`` / 2 entries, causal min(W, L) <=
+  3712, non-causal <= 1791) lives in the half of sT of the tile's parity. Each filler acquires it (every consumer
+  has released the table of two tiles back), fills its entries (``_tiles.FILL_BATCH`` loads in flight) and commits;
+  a consumer waits on it before its first read (its first non-free key tile) and releases it after the tile. No
+  barrier at a tile's start: warpgroup 0 starts its next tile while warpgroup 1 finishes its last turn.
 - Named barriers 2 and 3 (ping-pong scheduler, 256 threads each): barrier 2 + w is warpgroup w's turn. A turn =
   bar.sync(2 + w) (own 128 threads + the other warpgroup's 128 arrivals), issue the turn's GEMMs, commit,
   bar.arrive(3 - w) (hand the turn over), then wait_group. Both warpgroups take the same number of turns per tile
@@ -94,11 +96,12 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, WG, HopperKernel, acc_mn_view,
-                     accumulate_mma, claim_next_tile, compile_kernel, fake_rows, fill_cta_table, load_row_block,
-                     persistent_grid, publish_tile, query_block, receive_tile, schedule_pipe, score_mmas,
-                     start_producer, store_accumulator, struct_bytes, sw128_atoms, table_pipe, thread_roles,
-                     tile_class, tile_coords, tile_table, tma_pipeline, tma_views, turn_pass, turn_wait)
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, TABLE_FILLERS, WG, HopperKernel,
+                     acc_mn_view, accumulate_mma, claim_next_tile, compile_kernel, cta_table_extent, fake_rows,
+                     fill_tables_ahead, load_row_block, persistent_grid, publish_tile, query_block, receive_tile,
+                     schedule_pipe, score_mmas, start_producer, store_accumulator, struct_bytes, sw128_atoms,
+                     table_pipe, thread_roles, tile_class, tile_coords, tile_table, tma_pipeline, tma_views, turn_pass,
+                     turn_wait)
 
 KERNELS = ("fwd_sm90",)
 ARGS = {
@@ -355,8 +358,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         sTile = storage.tile.get_tensor(cute.make_layout(SCHEDULE_STAGES))
 
         # pipelines (every thread takes part in the mbarrier init and the CTA barrier create() ends with)
-        tile_pipe = schedule_pipe(storage.tile_mbar.data_ptr(), 2 * WG)
-        tbl_pipe = table_pipe(storage.table_mbar.data_ptr(), 2 * WG)
+        tile_pipe = schedule_pipe(storage.tile_mbar.data_ptr(), 2 * WG + TABLE_FILLERS)
+        tbl_pipe = table_pipe(storage.table_mbar.data_ptr(), 2 * WG, TABLE_FILLERS)
         q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, BM * D * dt.width // 8)
         kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8)
 
@@ -399,6 +402,9 @@ class LazyAttentionFwdSm90(HopperKernel):
                     tile = claim_next_tile(mCounter)
                     publish_tile(tile_pipe, tile_state, sTile, tile)
                     tile_state.advance()
+            else:  # warps 1..3: each tile's bias table, a tile ahead of the consumers
+                fill_tables_ahead(tile_pipe, tbl_pipe, sTile, sT, tidx - 32, total, H, Hkv, n_mblocks, W, L, mBias,
+                                  BM, BN, self.causal, CTA_TABLE // 2)
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
@@ -441,7 +447,6 @@ class LazyAttentionFwdSm90(HopperKernel):
             # bias tables filled so far: fill k writes buffer k % 2; a thread starts fill k only after the barrier
             # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
             fills = cutlass.Int32(0)
-            tbl_fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
             tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
             tile = receive_tile(tile_pipe, tile_state, sTile)
             tile_state.advance()
@@ -457,12 +462,9 @@ class LazyAttentionFwdSm90(HopperKernel):
 
                 # ---------------- the CTA's bias table for this head, in the half of sT of the tile's parity (W too
                 # large for it: per-tile tables, ``_tile``)
-                sTk = cute.make_tensor(sT.iterator + tbl_fill.index * (CTA_TABLE // 2),
+                sTk = cute.make_tensor(sT.iterator + tbl_read.index * (CTA_TABLE // 2),
                                        cute.make_layout(CTA_TABLE // 2))
-                tbl_pipe.producer_acquire(tbl_fill)
-                cta = fill_cta_table(sTk, ctid, 2 * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE // 2)
-                tbl_pipe.producer_commit(tbl_fill)
-                tbl_fill.advance()
+                cta = cta_table_extent(W, L, BM, BN, self.causal, CTA_TABLE // 2)
 
                 # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
                 for r in cutlass.range_constexpr(n_rows):

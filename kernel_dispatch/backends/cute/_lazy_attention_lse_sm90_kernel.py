@@ -205,7 +205,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
         sTile = storage.tile.get_tensor(cute.make_layout(SCHEDULE_STAGES))
         tile_pipe = schedule_pipe(storage.tile_mbar.data_ptr(), CONSUMERS * WG)
-        tbl_pipe = table_pipe(storage.table_mbar.data_ptr(), CONSUMERS * WG)
+        tbl_pipe = table_pipe(storage.table_mbar.data_ptr(), CONSUMERS * WG, CONSUMERS * WG)
         q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, BM * D * dt.width // 8, 4 * CONSUMERS)
         kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8, 4 * CONSUMERS)
 

@@ -1,9 +1,10 @@
 """Pieces shared by the cute Hopper kernels (forward, dQ, dK/dV): the op classes' base and compile step, shared
 memory sizes, the wgmma tiled MMAs, swizzle atoms, TMA pipelines and partitions they set up alike, thread roles, the
-query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad
-reduction and balanced sums, the ping-pong turns, the bias tables (by distance: a tile's diagonals, or every distance a
-CTA sees), which tiles need no mask or bias, which rows see exactly one key, the 16-byte vector copy of a
-warpgroup's tile and the store of a warpgroup's fp32 accumulator through shared memory."""
+query block a CTA owns, the (rows, cols) view of a wgmma accumulator, the quad reduction and balanced sums, the
+ping-pong turns, the bias tables (by distance: a tile's diagonals, or every distance a CTA sees, filled by the
+consumers or a tile ahead by the producer warpgroup's spare warps), which tiles need no mask or bias, which rows see
+exactly one key, the 16-byte vector copy of a warpgroup's tile and the store of a warpgroup's fp32 accumulator
+through shared memory."""
 from typing import NamedTuple
 
 import cutlass
@@ -88,14 +89,20 @@ SCHEDULE_STAGES = 2  # slots of a persistent CTA's tile-index pipe
 FILL_BATCH = 4  # bias-table entries a thread loads at once
 
 
-def table_pipe(barrier_storage, threads: int):
-    """A persistent CTA's two bias tables (one per tile parity) as a pipe among its ``threads`` consumer threads:
-    each fills its entries of tile k's table after ``producer_acquire`` (every thread has released tile k - 2's),
-    ``producer_commit``; reads after ``consumer_wait`` (every entry written); ``consumer_release`` after the tile's
-    last read. No barrier at a tile's start: a warpgroup may start its next tile while the others finish theirs."""
-    group = pipeline.CooperativeGroup(pipeline.Agent.Thread, threads)
-    return pipeline.PipelineAsync.create(barrier_storage=barrier_storage, num_stages=2, producer_group=group,
-                                         consumer_group=group)
+TABLE_FILLERS = 3 * 32  # threads of a persistent forward kernel's table fillers: its producer warpgroup's warps 1..3
+
+
+def table_pipe(barrier_storage, threads: int, fillers: int):
+    """A persistent CTA's two bias tables (one per tile parity) as a pipe from its ``fillers`` table-filling threads
+    to its ``threads`` consumer threads: each filler writes its entries of tile k's table after ``producer_acquire``
+    (every consumer has released tile k - 2's), then ``producer_commit``; a consumer reads after ``consumer_wait``
+    (every entry written) and calls ``consumer_release`` after the tile's last read. The fillers are either the
+    consumers themselves at the tile's start, or (``TABLE_FILLERS``, :func:`fill_tables_ahead`) the producer
+    warpgroup's spare warps a tile ahead, so that no consumer waits for the table's global loads."""
+    return pipeline.PipelineAsync.create(
+        barrier_storage=barrier_storage, num_stages=2,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, fillers),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads))
 
 
 def schedule_pipe(barrier_storage, consumer_threads: int):
@@ -322,21 +329,53 @@ class CtaTable(NamedTuple):
 
 
 @cute.jit
-def fill_cta_table(sT, t, threads: cutlass.Constexpr, W, L, mBias, h, BM: cutlass.Constexpr, BN: cutlass.Constexpr,
-                   causal: cutlass.Constexpr, cap: cutlass.Constexpr) -> CtaTable:
-    """Fill (thread ``t`` of ``threads``; the caller's barrier publishes it) the CTA's table over every distance its
-    [BM, BN] band tiles see, |d| < min(W, L) + BM + BN (causal d > -BN), where that is at most ``cap`` entries; its
-    end entries hold bias 0. A table filled once replaces one fill and barrier per band tile."""
+def cta_table_extent(W, L, BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr,
+                     cap: cutlass.Constexpr) -> CtaTable:
+    """The :class:`CtaTable` of a CTA whose [BM, BN] band tiles see the distances |d| < min(W, L) + BM + BN (causal
+    d > -BN): its own table where that is at most ``cap`` entries (the end entries hold bias 0)."""
     w_eff = cutlass.min(W, L)
     d_first = -(w_eff + BM + BN)
     entries = 2 * (w_eff + BM + BN) + 1
     if cutlass.const_expr(causal):
         d_first = cutlass.Int32(-(BN - 1))
         entries = w_eff + BM + 2 * BN
-    whole = entries <= cap
-    if whole:
-        fill_distance_table(sT, t, threads, entries, d_first, W, mBias, h, causal)
-    return CtaTable(whole, d_first, entries)
+    return CtaTable(entries <= cap, d_first, entries)
+
+
+@cute.jit
+def fill_cta_table(sT, t, threads: cutlass.Constexpr, W, L, mBias, h, BM: cutlass.Constexpr, BN: cutlass.Constexpr,
+                   causal: cutlass.Constexpr, cap: cutlass.Constexpr) -> CtaTable:
+    """Fill (thread ``t`` of ``threads``; the caller's barrier publishes it) the CTA's table over every distance its
+    [BM, BN] band tiles see (:func:`cta_table_extent`), where it fits. A table filled once replaces one fill and
+    barrier per band tile."""
+    cta = cta_table_extent(W, L, BM, BN, causal, cap)
+    if cta.whole:
+        fill_distance_table(sT, t, threads, cta.entries, cta.d_first, W, mBias, h, causal)
+    return cta
+
+
+@cute.jit
+def fill_tables_ahead(tile_pipe, tbl_pipe, sTile, sT, t, total, heads, kv_heads, n_blocks, W, L, mBias,
+                      BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr, cap: cutlass.Constexpr):
+    """The table fillers of a persistent forward kernel (thread ``t`` of ``TABLE_FILLERS``, the producer
+    warpgroup's warps 1..3): they take every tile index from the tile pipe as the consumers do and fill the tile's
+    CTA table (:func:`fill_cta_table`, ``cap`` entries) into the half of ``sT`` of the tile's parity, through the
+    table pipe. The producer publishes a tile while the consumers still work on the one before, so the table's
+    global loads run under that tile's GEMMs. Where the table does not fit (per-tile tables, the consumers' own),
+    the stage is committed empty."""
+    tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
+    fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
+    tile = receive_tile(tile_pipe, tile_state, sTile)
+    tile_state.advance()
+    while tile < total:
+        _, h, _, _ = tile_coords(tile, heads, kv_heads, n_blocks)
+        half = cute.make_tensor(sT.iterator + fill.index * cap, cute.make_layout(cap))
+        tbl_pipe.producer_acquire(fill)
+        fill_cta_table(half, t, TABLE_FILLERS, W, L, mBias, h, BM, BN, causal, cap)
+        tbl_pipe.producer_commit(fill)
+        fill.advance()
+        tile = receive_tile(tile_pipe, tile_state, sTile)
+        tile_state.advance()
 
 
 @cute.jit
