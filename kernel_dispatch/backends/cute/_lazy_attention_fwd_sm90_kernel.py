@@ -89,6 +89,8 @@ Layout (all contiguous): Q, O [B, H, L, D]; K, V [B, Hkv, L, D] fp16/bf16; Bias 
 int32; LSE [B, H, L] fp32 (read). B, H, Hkv, L, W are runtime values; D, dtype and causal are compiled in.
 """
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -96,14 +98,29 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ._kernel_key import KernelKey
-from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, TABLE_FILLERS, WG, HopperKernel,
-                     acc_mn_view, accumulate_mma, claim_next_tile, compile_kernel, cta_table_extent, fake_rows,
-                     fill_tables_ahead, load_row_block, persistent_grid, publish_tile, query_block, receive_tile,
+from ._tiles import (DSL_DTYPES, LOG2E, ORDER_BARRIER, SCHEDULE_STAGES, TABLE_FILLERS, WG, HopperKernel, acc_mn_view,
+                     accumulate_mma, claim_next_tile, compile_kernel, cta_table_extent, fake_rows, fill_tables_ahead,
+                     load_row_block, persistent_dims, persistent_grid, publish_tile, query_block, receive_tile,
                      schedule_pipe, score_mmas, start_producer, store_accumulator, struct_bytes, sw128_atoms,
                      table_pipe, thread_roles, tile_class, tile_coords, tile_table, tma_pipeline, tma_views, turn_pass,
                      turn_wait)
 
 KERNELS = ("fwd_sm90",)
+
+
+class QkvLoads(NamedTuple):
+    """Host-side set-up of Q, K and V loads (``LazyAttentionFwdSm90._qkv_loads``)."""
+    sQ_layout: object
+    sK_layout: object
+    sV_layout: object
+    tma_q: object
+    tma_q_t: object
+    tma_k: object
+    tma_k_t: object
+    tma_v: object
+    tma_v_t: object
+
+
 ARGS = {
     "fwd_sm90": [
         "q fp16/bf16 [B,H,L,D] contiguous",
@@ -161,19 +178,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         # O += A V: A from registers (WM x BN per warpgroup), B = V^T (D x BN, D contiguous)
         pv_mma = accumulate_mma(dt, WM, D)
 
-        k_atom, mn_atom = sw128_atoms(dt)
-        sQ_layout = cute.tile_to_shape(k_atom, (WM, D, 2), order=(0, 1, 2))  # one half [WM, D] per warpgroup
-        sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
-        sV_layout = cute.tile_to_shape(mn_atom, (D, BN, self.stages), order=(1, 0, 2))
-
-        # TMA views: (rows, D, head, batch) for Q and K, (D, keys, head, batch) for V
-        q_t = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0]))
-        k_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[2, 3, 1, 0]))
-        v_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 2, 1, 0]))
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, cute.slice_(sQ_layout, (None, None, 0)), (WM, D))
-        tma_k, tma_k_t = cpasync.make_tiled_tma_atom(g2s, k_t, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
-        tma_v, tma_v_t = cpasync.make_tiled_tma_atom(g2s, v_t, cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+        sQ_layout, sK_layout, sV_layout, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t = self._qkv_loads(mQ, mK, mV)
 
         @cute.struct
         class SharedStorage:
@@ -195,6 +200,23 @@ class LazyAttentionFwdSm90(HopperKernel):
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
+    def _qkv_loads(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor) -> QkvLoads:
+        """The shared-memory layouts (Q as two halves [WM, D], the K / V ring of ``self.stages`` tiles) and the TMA
+        atoms with their global views: (rows, D, head, batch) for Q and K, (D, keys, head, batch) for V."""
+        D = self.D
+        k_atom, mn_atom = sw128_atoms(self.dtype)
+        sQ_layout = cute.tile_to_shape(k_atom, (WM, D, 2), order=(0, 1, 2))  # one half [WM, D] per warpgroup
+        sK_layout = cute.tile_to_shape(k_atom, (BN, D, self.stages), order=(0, 1, 2))
+        sV_layout = cute.tile_to_shape(mn_atom, (D, BN, self.stages), order=(1, 0, 2))
+        q_t = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0]))
+        k_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[2, 3, 1, 0]))
+        v_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 2, 1, 0]))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_q_t = cpasync.make_tiled_tma_atom(g2s, q_t, cute.slice_(sQ_layout, (None, None, 0)), (WM, D))
+        tma_k, tma_k_t = cpasync.make_tiled_tma_atom(g2s, k_t, cute.slice_(sK_layout, (None, None, 0)), (BN, D))
+        tma_v, tma_v_t = cpasync.make_tiled_tma_atom(g2s, v_t, cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+        return QkvLoads(sQ_layout, sK_layout, sV_layout, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t)
+
     def _exp2(self, x, fastmath=True):
         if cutlass.const_expr("no_exp" in ABLATE.split("+")):
             return x
@@ -330,6 +352,172 @@ class LazyAttentionFwdSm90(HopperKernel):
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
 
+    @cute.jit
+    def _forward_tiles(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, sQ, sK, sV, sT,
+                       sTile, tile_pipe, tbl_pipe, q_pipe, kv_pipe, mBias, mTau, mLens, mLSE, mO, scale, tidx, wg_idx,
+                       H, Hkv, L, W, n_mblocks, total, lse_pipe=None, sL=None):
+        """Consumer warpgroups 1 and 2 (64 query rows each): every tile of the CTA, from the tile pipe until an index
+        >= ``total``: O = relu(P + tau / i) V from each row's LSE, read from ``mLSE`` or, where ``lse_pipe`` is
+        given (the fused forward), from the LSE warpgroup's rows in ``sL`` (two stages of BM fp32, natural log as
+        stored) through that pipe; stored to ``mO``. The module docstring gives the synchronisation."""
+        D = self.D
+        dt = self.dtype
+        qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+        qk_rest.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # acc_O starts from zeros
+        ctid = tidx - WG  # 0 .. 255 over both consumer warpgroups
+        wg = wg_idx - 1  # 0 or 1: this warpgroup's query half and ping-pong slot
+        wtid = tidx % WG
+        sc2 = scale * LOG2E
+
+        thr_qk = qk_mma.get_slice(wtid)
+        thr_pv = pv_mma.get_slice(wtid)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, wg]))  # (MMA, MMA_M, MMA_K)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, STAGES)
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, MMA_N, MMA_K, STAGES)
+        acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
+        acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WM, D)))
+        # the A operand of O += A V: same registers order as acc_S (for 16-bit types the accumulator of
+        # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
+        # by k-block of 16 columns), so acc_S converts element by element
+        tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((WM, BN)), dt)
+        tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
+
+        # coordinates within the CTA's [BM, BN] / [BM, D] tiles (this warpgroup's rows: WM * wg + 0 .. WM - 1)
+        cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
+        cO = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
+        tScS_mn = acc_mn_view(thr_qk.partition_C(cS))
+        tOcO_mn = acc_mn_view(thr_pv.partition_C(cO))
+        acc_S_mn = acc_mn_view(acc_S)
+        acc_O_mn = acc_mn_view(acc_O)
+        n_rows = cute.size(acc_S_mn.shape[0])
+
+        lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        # bias tables filled so far: fill k writes buffer k % 2; a thread starts fill k only after the barrier
+        # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
+        fills = cutlass.Int32(0)
+        tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+        lse_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+        tile = receive_tile(tile_pipe, tile_state, sTile)
+        tile_state.advance()
+        if cutlass.const_expr(PINGPONG):
+            if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
+                cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
+        while tile < total:
+            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+            mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
+            n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b])
+            if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
+                n_blocks = 0
+
+            # ---------------- the CTA's bias table for this head, in the half of sT of the tile's parity (W too
+            # large for it: per-tile tables, ``_tile``)
+            sTk = cute.make_tensor(sT.iterator + tbl_read.index * (CTA_TABLE // 2),
+                                   cute.make_layout(CTA_TABLE // 2))
+            cta = cta_table_extent(W, L, BM, BN, self.causal, CTA_TABLE // 2)
+
+            # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
+            if cutlass.const_expr(lse_pipe is not None):  # the fused forward: the LSE warpgroup's rows
+                lse_pipe.consumer_wait(lse_state)
+            for r in cutlass.range_constexpr(n_rows):
+                m = m0 + tOcO_mn[r, 0][0]
+                if cutlass.const_expr(lse_pipe is not None):
+                    lse2[r] = sL[lse_state.index * BM + tOcO_mn[r, 0][0]] * LOG2E
+                else:
+                    lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
+                if cutlass.const_expr(self.causal):
+                    thr[r] = mTau[h] / cutlass.Float32(m + 1)
+                else:
+                    thr[r] = mTau[h] / cutlass.Float32(lb)
+            if cutlass.const_expr(lse_pipe is not None):
+                lse_pipe.consumer_release(lse_state)
+                lse_state.advance()
+
+            # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
+            q_pipe.consumer_wait(q_state)
+            if m0 + BM > lb and lb < L:  # (rows >= L arrive as zeros: TMA's out-of-bounds fill)
+                for i in cutlass.range(ctid, BM * D, 2 * WG, unroll=1):
+                    r = i // D
+                    if m0 + r >= lb:
+                        sQ[r % WM, i - r * D, r // WM] = dt(0.0)
+                cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
+            if n_blocks == 0:  # no score GEMM reads this Q
+                q_pipe.consumer_release(q_state)
+
+            # ---------------- O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
+            # A V GEMM of tile nb - 1; tile nb's exponentials run under the latter. The producer's order matches:
+            # K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). Q is released to the producer (the
+            # next tile's) once the last score GEMM completed.
+            acc_O.fill(0.0)
+            if n_blocks > 0:
+                kv_pipe.consumer_wait(kv_state)  # K(0) landed
+                self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                if n_blocks == 1:
+                    q_pipe.consumer_release(q_state)
+                kv_state.advance()
+                fills = self._tile(acc_S_mn, 0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
+                                   cta, tbl_pipe, tbl_read)
+                tOrP_as_S.store(acc_S.load().to(dt))
+            for nb in cutlass.range(1, n_blocks, unroll=1):
+                n0 = nb * BN
+                k_state = kv_state.clone()
+                kv_state.advance()  # now V(nb - 1)
+                kv_pipe.consumer_wait(k_state)  # K(nb) landed
+                kv_pipe.consumer_wait(kv_state)  # V(nb - 1) landed
+                self._zero_v_rows(sV, kv_state.index, n0 - BN, lb, L, ctid)
+                warpgroup.fence()
+                turn_wait(wg, PINGPONG)
+                self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, k_state.index)
+                warpgroup.commit_group()
+                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                warpgroup.commit_group()
+                turn_pass(wg, PINGPONG)
+                warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
+                kv_pipe.consumer_release(k_state)
+                if nb == n_blocks - 1:
+                    q_pipe.consumer_release(q_state)
+                fills = self._tile(acc_S_mn, n0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2,
+                                   thr, cta, tbl_pipe, tbl_read)
+                warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+                tOrP_as_S.store(acc_S.load().to(dt))
+            if n_blocks > 0:
+                kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
+                self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
+                warpgroup.fence()
+                turn_wait(wg, PINGPONG)
+                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                warpgroup.commit_group()
+                turn_pass(wg, PINGPONG)
+                warpgroup.wait_group(0)
+                kv_pipe.consumer_release(kv_state)
+                kv_state.advance()
+            q_state.advance()
+            tbl_pipe.consumer_release(tbl_read)  # this thread's last read of the tile's table done
+            tbl_read.advance()
+
+            # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored from registers
+            for r in cutlass.range_constexpr(n_rows):
+                m = m0 + tOcO_mn[r, 0][0]
+                if m >= lb:
+                    acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
+            gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
+            store_accumulator(pv_mma, acc_O, gO, tOcO_mn, m0, L, wtid, dt)
+            tile = receive_tile(tile_pipe, tile_state, sTile)
+            tile_state.advance()
+        if cutlass.const_expr(PINGPONG):
+            if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
+                cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
+
     # ------------------------------------------------------------------ kernel
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom,
@@ -341,13 +529,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         D = self.D
         dt = self.dtype
         tidx, warp_idx, wg_idx = thread_roles()
-        L = mO.shape[2]
-        H = mO.shape[1]
-        B = mO.shape[0]
-        Hkv = tma_k_t.shape[2]
-        W = mBias.shape[1]
-        n_mblocks = (L + BM - 1) // BM
-        total = n_mblocks * H * B
+        L, H, B, Hkv, W, n_mblocks, total = persistent_dims(mO, tma_k_t, mBias, BM)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -408,152 +590,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
-            qk_rest.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # acc_O starts from zeros
-            ctid = tidx - WG  # 0 .. 255 over both consumer warpgroups
-            wg = wg_idx - 1  # 0 or 1: this warpgroup's query half and ping-pong slot
-            wtid = tidx % WG
-            sc2 = scale * LOG2E
-
-            thr_qk = qk_mma.get_slice(wtid)
-            thr_pv = pv_mma.get_slice(wtid)
-            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ[None, None, wg]))  # (MMA, MMA_M, MMA_K)
-            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, MMA_N, MMA_K, STAGES)
-            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, MMA_N, MMA_K, STAGES)
-            acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WM, BN)))
-            acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WM, D)))
-            # the A operand of O += A V: same registers order as acc_S (for 16-bit types the accumulator of
-            # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
-            # by k-block of 16 columns), so acc_S converts element by element
-            tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((WM, BN)), dt)
-            tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
-
-            # coordinates within the CTA's [BM, BN] / [BM, D] tiles (this warpgroup's rows: WM * wg + 0 .. WM - 1)
-            cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
-            cO = cute.local_tile(cute.make_identity_tensor((BM, D)), (WM, D), (wg, 0))
-            tScS_mn = acc_mn_view(thr_qk.partition_C(cS))
-            tOcO_mn = acc_mn_view(thr_pv.partition_C(cO))
-            acc_S_mn = acc_mn_view(acc_S)
-            acc_O_mn = acc_mn_view(acc_O)
-            n_rows = cute.size(acc_S_mn.shape[0])
-
-            lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-            thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-
-            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            # bias tables filled so far: fill k writes buffer k % 2; a thread starts fill k only after the barrier
-            # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
-            fills = cutlass.Int32(0)
-            tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
-            tile = receive_tile(tile_pipe, tile_state, sTile)
-            tile_state.advance()
-            if cutlass.const_expr(PINGPONG):
-                if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
-                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
-            while tile < total:
-                bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
-                mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
-                n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b])
-                if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
-                    n_blocks = 0
-
-                # ---------------- the CTA's bias table for this head, in the half of sT of the tile's parity (W too
-                # large for it: per-tile tables, ``_tile``)
-                sTk = cute.make_tensor(sT.iterator + tbl_read.index * (CTA_TABLE // 2),
-                                       cute.make_layout(CTA_TABLE // 2))
-                cta = cta_table_extent(W, L, BM, BN, self.causal, CTA_TABLE // 2)
-
-                # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
-                for r in cutlass.range_constexpr(n_rows):
-                    m = m0 + tOcO_mn[r, 0][0]
-                    lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
-                    if cutlass.const_expr(self.causal):
-                        thr[r] = mTau[h] / cutlass.Float32(m + 1)
-                    else:
-                        thr[r] = mTau[h] / cutlass.Float32(lb)
-
-                # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
-                q_pipe.consumer_wait(q_state)
-                if m0 + BM > lb and lb < L:  # (rows >= L arrive as zeros: TMA's out-of-bounds fill)
-                    for i in cutlass.range(ctid, BM * D, 2 * WG, unroll=1):
-                        r = i // D
-                        if m0 + r >= lb:
-                            sQ[r % WM, i - r * D, r // WM] = dt(0.0)
-                    cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> wgmma (async proxy)
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=2 * WG)
-                if n_blocks == 0:  # no score GEMM reads this Q
-                    q_pipe.consumer_release(q_state)
-
-                # ---------------- O = relu(P + tau / i) V. One turn issues the score GEMM of tile nb and the
-                # A V GEMM of tile nb - 1; tile nb's exponentials run under the latter. The producer's order matches:
-                # K(0), then K(nb), V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). Q is released to the producer (the
-                # next tile's) once the last score GEMM completed.
-                acc_O.fill(0.0)
-                if n_blocks > 0:
-                    kv_pipe.consumer_wait(kv_state)  # K(0) landed
-                    self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
-                    warpgroup.wait_group(0)
-                    kv_pipe.consumer_release(kv_state)
-                    if n_blocks == 1:
-                        q_pipe.consumer_release(q_state)
-                    kv_state.advance()
-                    fills = self._tile(acc_S_mn, 0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
-                                       cta, tbl_pipe, tbl_read)
-                    tOrP_as_S.store(acc_S.load().to(dt))
-                for nb in cutlass.range(1, n_blocks, unroll=1):
-                    n0 = nb * BN
-                    k_state = kv_state.clone()
-                    kv_state.advance()  # now V(nb - 1)
-                    kv_pipe.consumer_wait(k_state)  # K(nb) landed
-                    kv_pipe.consumer_wait(kv_state)  # V(nb - 1) landed
-                    self._zero_v_rows(sV, kv_state.index, n0 - BN, lb, L, ctid)
-                    warpgroup.fence()
-                    turn_wait(wg, PINGPONG)
-                    self._gemm_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, k_state.index)
-                    warpgroup.commit_group()
-                    self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
-                    warpgroup.commit_group()
-                    turn_pass(wg, PINGPONG)
-                    warpgroup.wait_group(1)  # S of tile nb complete; A V of tile nb - 1 still running
-                    kv_pipe.consumer_release(k_state)
-                    if nb == n_blocks - 1:
-                        q_pipe.consumer_release(q_state)
-                    fills = self._tile(acc_S_mn, n0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2,
-                                       thr, cta, tbl_pipe, tbl_read)
-                    warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
-                    kv_pipe.consumer_release(kv_state)
-                    kv_state.advance()
-                    tOrP_as_S.store(acc_S.load().to(dt))
-                if n_blocks > 0:
-                    kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
-                    self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
-                    warpgroup.fence()
-                    turn_wait(wg, PINGPONG)
-                    self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
-                    warpgroup.commit_group()
-                    turn_pass(wg, PINGPONG)
-                    warpgroup.wait_group(0)
-                    kv_pipe.consumer_release(kv_state)
-                    kv_state.advance()
-                q_state.advance()
-                tbl_pipe.consumer_release(tbl_read)  # this thread's last read of the tile's table done
-                tbl_read.advance()
-
-                # ---------------- epilogue: rows >= lengths[b] exactly zero; rows < L stored from registers
-                for r in cutlass.range_constexpr(n_rows):
-                    m = m0 + tOcO_mn[r, 0][0]
-                    if m >= lb:
-                        acc_O_mn[r, None] = cute.full_like(acc_O_mn[r, None].load(), 0.0)
-                gO = cute.local_tile(mO[b, h, None, None], (WM, D), (2 * mb + wg, 0))
-                store_accumulator(pv_mma, acc_O, gO, tOcO_mn, m0, L, wtid, dt)
-                tile = receive_tile(tile_pipe, tile_state, sTile)
-                tile_state.advance()
-            if cutlass.const_expr(PINGPONG):
-                if wg == 0:  # consume warpgroup 1's last hand-over, so no arrival is left on a barrier at exit
-                    cute.arch.barrier(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
+            self._forward_tiles(qk_mma, qk_rest, pv_mma, sQ, sK, sV, sT, sTile, tile_pipe, tbl_pipe, q_pipe, kv_pipe,
+                                mBias, mTau, mLens, mLSE, mO, scale, tidx, wg_idx, H, Hkv, L, W, n_mblocks, total)
 
 def fake_args(key: KernelKey):
     """Fake tensors (B, H, Hkv, L, W runtime) and scalars in ARGS order, plus the env stream."""

@@ -56,10 +56,10 @@ from . import _lazy_attention_fwd_sm90_kernel as fwd_module
 from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
 from ._tiles import (DSL_DTYPES, LOG2E, SCHEDULE_STAGES, WG, acc_mn_view, claim_next_tile, compile_kernel, fake_rows,
-                     fill_cta_table, keys_free, load_row_block, pairwise_sum, persistent_grid, publish_tile,
-                     quad_reduce, query_block, receive_tile, schedule_pipe, score_mmas, start_producer, struct_bytes,
-                     sw128_atoms, table_pipe, thread_roles, tile_class, tile_coords, tile_table, tma_pipeline,
-                     tma_views)
+                     fill_cta_table, keys_free, load_row_block, pairwise_sum, persistent_dims, persistent_grid,
+                     publish_tile, quad_reduce, query_block, receive_tile, schedule_pipe, score_mmas, start_producer,
+                     struct_bytes, sw128_atoms, table_pipe, thread_roles, tile_class, tile_coords, tile_table,
+                     tma_pipeline, tma_views)
 
 KERNELS = ("lse_sm90",)
 ARGS = {
@@ -190,13 +190,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
         dt = self.dtype
         BM = WM * CONSUMERS
         tidx, warp_idx, wg_idx = thread_roles()
-        L = mLSE.shape[2]
-        H = mLSE.shape[1]
-        B = mLSE.shape[0]
-        Hkv = tma_k_t.shape[2]
-        W = mBias.shape[1]
-        n_mblocks = (L + BM - 1) // BM
-        total = n_mblocks * H * B
+        L, H, B, Hkv, W, n_mblocks, total = persistent_dims(mLSE, tma_k_t, mBias, BM)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)

@@ -119,6 +119,26 @@ def persistent_grid(ctas, n_blocks, heads, batch):
     return [cutlass.min(ctas, n_blocks * heads * batch), 1, 1]
 
 
+class PersistentDims(NamedTuple):
+    """The runtime sizes a persistent kernel's roles share: sequence length, heads, batch, kv heads, bias length,
+    query blocks of BM rows per head and tiles in all (blocks x heads x batch)."""
+    L: cutlass.Int32
+    H: cutlass.Int32
+    B: cutlass.Int32
+    Hkv: cutlass.Int32
+    W: cutlass.Int32
+    n_mblocks: cutlass.Int32
+    total: cutlass.Int32
+
+
+def persistent_dims(rows, tma_k_t, mBias, BM: int) -> PersistentDims:
+    """:class:`PersistentDims` from ``rows`` (a [B, H, L, ...] tensor), the K TMA view (kv heads in mode 2) and the
+    [H, W] bias."""
+    L, H, B = rows.shape[2], rows.shape[1], rows.shape[0]
+    n_mblocks = (L + BM - 1) // BM
+    return PersistentDims(L, H, B, tma_k_t.shape[2], mBias.shape[1], n_mblocks, n_mblocks * H * B)
+
+
 @cute.jit
 def publish_tile(pipe, state, sTile, tile):
     """Producer warp (every lane): the next tile index into slot ``state.index`` of ``sTile`` for the consumers
@@ -356,9 +376,10 @@ def fill_cta_table(sT, t, threads: cutlass.Constexpr, W, L, mBias, h, BM: cutlas
 
 @cute.jit
 def fill_tables_ahead(tile_pipe, tbl_pipe, sTile, sT, t, total, heads, kv_heads, n_blocks, W, L, mBias,
-                      BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr, cap: cutlass.Constexpr):
-    """The table fillers of a persistent forward kernel (thread ``t`` of ``TABLE_FILLERS``, the producer
-    warpgroup's warps 1..3): they take every tile index from the tile pipe as the consumers do and fill the tile's
+                      BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr, cap: cutlass.Constexpr,
+                      fillers: cutlass.Constexpr = TABLE_FILLERS):
+    """The table fillers of a persistent forward kernel (thread ``t`` of ``fillers``, spare warps of the producer
+    warpgroup): they take every tile index from the tile pipe as the consumers do and fill the tile's
     CTA table (:func:`fill_cta_table`, ``cap`` entries) into the half of ``sT`` of the tile's parity, through the
     table pipe. The producer publishes a tile while the consumers still work on the one before, so the table's
     global loads run under that tile's GEMMs. Where the table does not fit (per-tile tables, the consumers' own),
@@ -371,7 +392,7 @@ def fill_tables_ahead(tile_pipe, tbl_pipe, sTile, sT, t, total, heads, kv_heads,
         _, h, _, _ = tile_coords(tile, heads, kv_heads, n_blocks)
         half = cute.make_tensor(sT.iterator + fill.index * cap, cute.make_layout(cap))
         tbl_pipe.producer_acquire(fill)
-        fill_cta_table(half, t, TABLE_FILLERS, W, L, mBias, h, BM, BN, causal, cap)
+        fill_cta_table(half, t, fillers, W, L, mBias, h, BM, BN, causal, cap)
         tbl_pipe.producer_commit(fill)
         fill.advance()
         tile = receive_tile(tile_pipe, tile_state, sTile)
