@@ -67,6 +67,10 @@ FILLERS = 2 * 32  # warps 2 and 3
 TABLE = fwd_module.TABLE
 CTA_TABLE = fwd_module.CTA_TABLE
 LSE_BARRIER = 4  # named barrier of the LSE warpgroup's 128 threads
+# measurement switches (wrong results, timing only): "no_tiles" here makes the LSE warpgroup (and warp 1's loads for
+# it) take no key tile; fwd_sm90's ABLATE = "no_tiles" does the same for the O warpgroups and warp 0. Each alone
+# times the other side of the kernel.
+LSE_ABLATE = ""
 
 
 def ring_stages(head_dim: int) -> tuple[int, int]:
@@ -154,6 +158,8 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
         while tile < total:
             bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
             mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
+            if cutlass.const_expr("no_tiles" in LSE_ABLATE.split("+")):
+                n_blocks = 0
             for half in cutlass.range_constexpr(2):
                 row_max[half].fill(-cutlass.Float32.inf)
                 row_sum[half].fill(0.0)
@@ -262,6 +268,8 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                     bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
                     mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
                     n_blocks = n_seen if m0 < lb else 0
+                    if cutlass.const_expr("no_tiles" in fwd_module.ABLATE.split("+")):  # _forward_tiles' switch
+                        n_blocks = 0
                     gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))
                     gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
                     gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
@@ -288,6 +296,8 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                 while tile < total:
                     bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
                     mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
+                    if cutlass.const_expr("no_tiles" in LSE_ABLATE.split("+")):
+                        n_blocks = 0
                     gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))
                     gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
                     tQsQ, tQgQ = tma_views(tma_q, sQl, gQ)
