@@ -4,7 +4,9 @@ tile while ``fwd_sm90``'s two consumer warpgroups compute O of the current one f
 memory. ``lse_sm90``'s exponential stream is as long as its GEMMs; here the SM's exponentials are 2/3 of its GEMM time
 (docs/cute-backend.md, "Next" 1). Outputs (O, LSE) are meant to be bitwise those of ``lse_sm90`` then ``fwd_sm90``.
 
-One CTA per SM (four warpgroups, 512 threads) takes tiles (query block of BM = 128 rows, head, batch) in grid order:
+One CTA per SM (four warpgroups, 512 threads) takes tiles (query block of BM = 128 rows, head, batch) in grid order,
+rotated so that each CTA's first tile, whose O waits for an LSE no tile ran ahead of, is one of the shortest
+(``SHORT_FIRST``):
 
 - warpgroup 0 (setmaxnreg down to 24): warp 1 claims the tiles (its CTA index, then gridDim.x + a ticket from the
   call's zeroed counter), publishes each index on the tile pipe and issues the LSE warpgroup's loads: Q into sQl as
@@ -71,6 +73,10 @@ LSE_BARRIER = 4  # named barrier of the LSE warpgroup's 128 threads
 # it) take no key tile; fwd_sm90's ABLATE = "no_tiles" does the same for the O warpgroups and warp 0. Each alone
 # times the other side of the kernel.
 LSE_ABLATE = ""
+# each CTA's first tile one of the shortest (``_tiles.tile_coords``): the first tile's O waits for its LSE, computed
+# by the LSE warpgroup alone, which for one of the longest causal blocks (32 key tiles at L = 4096) would idle the O
+# warpgroups for a few percent of the kernel
+SHORT_FIRST = True
 
 
 def ring_stages(head_dim: int) -> tuple[int, int]:
@@ -156,7 +162,7 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
         tile = receive_tile(tile_pipe, tile_state, sTile)
         tile_state.advance()
         while tile < total:
-            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks, total, SHORT_FIRST)
             mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
             if cutlass.const_expr("no_tiles" in LSE_ABLATE.split("+")):
                 n_blocks = 0
@@ -265,7 +271,7 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                 tile = receive_tile(tile_pipe, tile_state, sTile)
                 tile_state.advance()
                 while tile < total:
-                    bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+                    bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks, total, SHORT_FIRST)
                     mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
                     n_blocks = n_seen if m0 < lb else 0
                     if cutlass.const_expr("no_tiles" in fwd_module.ABLATE.split("+")):  # _forward_tiles' switch
@@ -294,7 +300,7 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                 cpasync.prefetch_descriptor(tma_k)
                 tile, tile_state, ql_state, kl_state = start_producer(tile_pipe, sTile, self.lse_stages)
                 while tile < total:
-                    bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+                    bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks, total, SHORT_FIRST)
                     mb, m0, lb, n_blocks = query_block(bx, L, mLens[b], BM, BN, self.causal)
                     if cutlass.const_expr("no_tiles" in LSE_ABLATE.split("+")):
                         n_blocks = 0
@@ -312,12 +318,12 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                     tile_state.advance()
             else:  # warps 2 and 3: each tile's bias table
                 fill_tables_ahead(tile_pipe, tbl_pipe, sTile, sT, tidx - 64, total, H, Hkv, n_mblocks, W, L, mBias,
-                                  BM, BN, self.causal, CTA_TABLE // 2, FILLERS)
+                                  BM, BN, self.causal, CTA_TABLE // 2, FILLERS, SHORT_FIRST)
         elif wg_idx < 3:
             cute.arch.warpgroup_reg_alloc(O_REGS)
             self._forward_tiles(qk_mma, qk_rest, pv_mma, sQ, sK, sV, sT, sTile, tile_pipe, tbl_pipe, q_pipe, kv_pipe,
                                 mBias, mTau, mLens, mLSE, mO, scale, tidx, wg_idx, H, Hkv, L, W, n_mblocks, total,
-                                lse_pipe, sL)
+                                lse_pipe, sL, SHORT_FIRST)
         else:
             cute.arch.warpgroup_reg_dealloc(LSE_REGS)
             self._lse_tiles(lse_mma, lse_rest, sQl, sKl, sT, sL, sTile, tile_pipe, tbl_pipe, ql_pipe, kl_pipe, lse_pipe,

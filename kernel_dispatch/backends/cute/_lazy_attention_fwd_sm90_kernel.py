@@ -355,11 +355,13 @@ class LazyAttentionFwdSm90(HopperKernel):
     @cute.jit
     def _forward_tiles(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, sQ, sK, sV, sT,
                        sTile, tile_pipe, tbl_pipe, q_pipe, kv_pipe, mBias, mTau, mLens, mLSE, mO, scale, tidx, wg_idx,
-                       H, Hkv, L, W, n_mblocks, total, lse_pipe=None, sL=None):
+                       H, Hkv, L, W, n_mblocks, total, lse_pipe=None, sL=None,
+                       short_first: cutlass.Constexpr = False):
         """Consumer warpgroups 1 and 2 (64 query rows each): every tile of the CTA, from the tile pipe until an index
         >= ``total``: O = relu(P + tau / i) V from each row's LSE, read from ``mLSE`` or, where ``lse_pipe`` is
         given (the fused forward), from the LSE warpgroup's rows in ``sL`` (two stages of BM fp32, natural log as
-        stored) through that pipe; stored to ``mO``. The module docstring gives the synchronisation."""
+        stored) through that pipe; stored to ``mO``; ``short_first``: ``_tiles.tile_coords``' order. The module
+        docstring gives the synchronisation."""
         D = self.D
         dt = self.dtype
         qk_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -409,7 +411,7 @@ class LazyAttentionFwdSm90(HopperKernel):
             if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
                 cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
         while tile < total:
-            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
+            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks, total, short_first)
             mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
             n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b])
             if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
