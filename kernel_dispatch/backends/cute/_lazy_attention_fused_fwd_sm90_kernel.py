@@ -127,8 +127,8 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
 
     @cute.jit
     def _fold_half(self, acc_mn, wm0, span, tScS_mn, tbl, m0, n0, lb, W, sc2, row_max, row_sum):
-        """Fold a score tile of the 64 rows from wm0 into their running max and sum (``lse_sm90``'s fold; its own
-        function so that each half's tile class stays within its branch)."""
+        """Fold a score tile of the 64 rows from wm0 into their running max and sum: ``lse_sm90``'s fold, with the
+        tile class (free, masked) of those rows."""
         free, masked = tile_class(wm0, n0, lb, W, WM, BN, self.causal)
         self._sweep1_rows(acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum)
 
@@ -237,12 +237,9 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
         tidx, warp_idx, wg_idx = thread_roles()
         L, H, B, Hkv, W, n_mblocks, total = persistent_dims(mO, tma_k_t, mBias, BM)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ, sK, sV = self._qkv_smem(storage, sQ_layout, sK_layout, sV_layout)
         sQl = storage.sQl.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
         sKl = storage.sKl.get_tensor(sKl_layout.outer, swizzle=sKl_layout.inner)
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
         sL = storage.sL.get_tensor(cute.make_layout(2 * BM))
@@ -268,6 +265,7 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                 tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                count = cutlass.Int32(0)  # K / V loads issued (fwd_sm90's load-skipping switches count them)
                 tile = receive_tile(tile_pipe, tile_state, sTile)
                 tile_state.advance()
                 while tile < total:
@@ -276,23 +274,9 @@ class LazyAttentionFusedFwdSm90(LazyAttentionLseSm90):
                     n_blocks = n_seen if m0 < lb else 0
                     if cutlass.const_expr("no_tiles" in fwd_module.ABLATE.split("+")):  # _forward_tiles' switch
                         n_blocks = 0
-                    gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))
-                    gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
-                    gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
-                    tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
-                    tKsK, tKgK = tma_views(tma_k, sK, gK)
-                    tVsV, tVgV = tma_views(tma_v, sV, gV)
-                    load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], 2 * mb, 2, q_state)
-                    q_state.advance()
-                    for nb in cutlass.range(n_blocks, unroll=1):
-                        self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK, 0)
-                        kv_state.advance()
-                        if nb > 0:
-                            self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV, 0)
-                            kv_state.advance()
-                    if n_blocks > 0:
-                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV, 0)
-                        kv_state.advance()
+                    q_state, kv_state, count = self._load_tile(q_pipe, kv_pipe, q_state, kv_state, count, tma_q,
+                                                               tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, sQ, sK, sV,
+                                                               h, b, hk, mb, n_blocks)
                     tile = receive_tile(tile_pipe, tile_state, sTile)
                     tile_state.advance()
             elif warp_idx == 1:  # the tile claims and the LSE warpgroup's loads

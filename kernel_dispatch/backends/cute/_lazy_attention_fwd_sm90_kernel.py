@@ -200,6 +200,13 @@ class LazyAttentionFwdSm90(HopperKernel):
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ helpers
+    def _qkv_smem(self, storage, sQ_layout, sK_layout, sV_layout):
+        """(sQ, sK, sV) in ``storage`` (fields sQ, sKV): the Q halves and the K / V ring, a V stage being the same
+        bytes as a K stage seen through V's layout."""
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        return sQ, sK, cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
+
     def _qkv_loads(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor) -> QkvLoads:
         """The shared-memory layouts (Q as two halves [WM, D], the K / V ring of ``self.stages`` tiles) and the TMA
         atoms with their global views: (rows, D, head, batch) for Q and K, (D, keys, head, batch) for V."""
@@ -338,6 +345,35 @@ class LazyAttentionFwdSm90(HopperKernel):
                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
         else:
             cute.copy(tma, src, dst, tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
+
+    @cute.jit
+    def _load_tile(self, q_pipe, kv_pipe, q_state, kv_state, count, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t,
+                   sQ, sK, sV, h, b, hk, mb, n_blocks):
+        """The producer warp's loads of one tile: Q as two halves [WM, D] (once the consumers' last score GEMMs of
+        the previous tile are done), then K and V in the consumers' order: K(0), then K(nb), V(nb - 1), then
+        V(n - 1). Returns the advanced (q_state, kv_state, count of K / V loads), which the caller assigns: a state
+        advanced in a called function and not handed back is not carried by the caller's loop."""
+        D = self.D
+        gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query halves)
+        gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
+        gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
+        tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
+        tKsK, tKgK = tma_views(tma_k, sK, gK)
+        tVsV, tVgV = tma_views(tma_v, sV, gV)
+        load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], 2 * mb, 2, q_state)
+        q_state.advance()
+        for nb in cutlass.range(n_blocks, unroll=1):
+            self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK, count)
+            kv_state.advance()
+            count += 1
+            if nb > 0:
+                self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV, count)
+                kv_state.advance()
+                count += 1
+        if n_blocks > 0:
+            self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV, count)
+            kv_state.advance()
+        return q_state, kv_state, count
 
     @cute.jit
     def _zero_v_rows(self, sV, stage, n0, lb, L, ctid):
@@ -533,11 +569,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         tidx, warp_idx, wg_idx = thread_roles()
         L, H, B, Hkv, W, n_mblocks, total = persistent_dims(mO, tma_k_t, mBias, BM)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ, sK, sV = self._qkv_smem(storage, sQ_layout, sK_layout, sV_layout)
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
         sTile = storage.tile.get_tensor(cute.make_layout(SCHEDULE_STAGES))
 
@@ -562,27 +595,9 @@ class LazyAttentionFwdSm90(HopperKernel):
                     n_blocks = n_seen if m0 < lb else 0
                     if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
                         n_blocks = 0
-                    gQ = cute.local_tile(tma_q_t[None, None, h, b], (WM, D), (None, 0))  # (WM, D, query halves)
-                    gK = cute.local_tile(tma_k_t[None, None, hk, b], (BN, D), (None, 0))
-                    gV = cute.local_tile(tma_v_t[None, None, hk, b], (D, BN), (0, None))
-                    tQsQ, tQgQ = tma_views(tma_q, sQ, gQ)
-                    tKsK, tKgK = tma_views(tma_k, sK, gK)
-                    tVsV, tVgV = tma_views(tma_v, sV, gV)
-                    # Q as two halves [WM, D], once the consumers' last score GEMMs of the previous tile are done
-                    load_row_block(q_pipe, [(tma_q, tQgQ, tQsQ)], 2 * mb, 2, q_state)
-                    q_state.advance()
-                    # in the consumers' order: K(0), then K(nb), V(nb - 1), then V(n - 1)
-                    for nb in cutlass.range(n_blocks, unroll=1):
-                        self._load(kv_pipe, kv_state, tma_k, tKgK[None, nb], tKsK, count)
-                        kv_state.advance()
-                        count += 1
-                        if nb > 0:
-                            self._load(kv_pipe, kv_state, tma_v, tVgV[None, nb - 1], tVsV, count)
-                            kv_state.advance()
-                            count += 1
-                    if n_blocks > 0:
-                        self._load(kv_pipe, kv_state, tma_v, tVgV[None, n_blocks - 1], tVsV, count)
-                        kv_state.advance()
+                    q_state, kv_state, count = self._load_tile(q_pipe, kv_pipe, q_state, kv_state, count, tma_q,
+                                                               tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, sQ, sK, sV,
+                                                               h, b, hk, mb, n_blocks)
                     tile = claim_next_tile(mCounter)
                     publish_tile(tile_pipe, tile_state, sTile, tile)
                     tile_state.advance()
