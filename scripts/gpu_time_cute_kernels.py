@@ -4,10 +4,9 @@
 
 Each STORE is a directory of built kernels (``python -m kernel_dispatch.backends.cute.build --out DIR``, or
 ``scripts/build_cute_variants.py``); the runtime comes from ``KERNEL_DISPATCH_CUTE_RUNTIME`` (or the installed DSL).
-Shapes are BxLxD with H = 16, bf16, causal, W = 512 (``--W``), tau = -1. The forward ("fwd") is the candidate
-fused_fwd_sm90 alone where the store has it (``scripts/build_cute_variants.py OUT STORE fused:fused_fwd_sm90:``),
-else lse_sm90 then fwd_sm90 where the store has lse_sm90 (timed alone too, "lse"), else fwd_sm90 alone (a store of
-the one-kernel forward). For each shape the script first runs the forward, dq_sm90 and dkdv_sm90 of every store once
+Shapes are BxLxD with H = 16, bf16, causal, W = 512 (``--W``), tau = -1. The forward ("fwd") is lse_sm90 then
+fwd_sm90 where the store has lse_sm90 (timed alone too, "lse"), else fwd_sm90 alone (a store of the one-kernel
+forward). For each shape the script first runs the forward, dq_sm90 and dkdv_sm90 of every store once
 (their outputs NaN-filled before) and says whether their outputs are bitwise equal to the first store's (else the
 largest difference of each output, against its largest magnitude), then
 times each kernel by CUDA events around ``--calls`` back-to-back launches (warm L2, launch overhead hidden), stores in
@@ -89,18 +88,12 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
             f["lse_sm90"] = tvm_ffi.load_module(lse_so)[f"kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal"]
             fwd = (lambda f=f, x=extra: (f["lse_sm90"](q, k, bias, lens, lse, *x["lse_sm90"](), scale),
                                          f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, *x["fwd_sm90"](), scale)))
-        fused_so = f"{d}/kd_lazy_attention_fused_fwd_sm90_d{D}_bfloat16_causal.so"
-        if os.path.exists(fused_so):  # the candidate one-kernel forward (its LSE warpgroup a tile ahead)
-            name = f"kd_lazy_attention_fused_fwd_sm90_d{D}_bfloat16_causal"
-            f["fused_fwd_sm90"] = tvm_ffi.load_module(fused_so)[name]
-            fwd = (lambda f=f: f["fused_fwd_sm90"](q, k, v, bias, tau, lens, lse, o,
-                                                   torch.zeros(1, dtype=torch.int32, device="cuda"), sms, scale))
         calls_of[tag] = {
             "fwd": fwd,
             "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
             "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
         }
-        if "lse_sm90" in f and "fused_fwd_sm90" not in f and "fwd" in kernels:  # its first kernel alone too
+        if "lse_sm90" in f and "fwd" in kernels:  # its first kernel alone too
             calls_of[tag]["lse"] = lambda f=f, x=extra: f["lse_sm90"](q, k, bias, lens, lse, *x["lse_sm90"](), scale)
         calls_of[tag] = {n: fn for n, fn in calls_of[tag].items() if n in kernels or n == "lse"}
     outs = {}

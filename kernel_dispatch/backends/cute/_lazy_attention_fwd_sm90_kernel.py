@@ -391,12 +391,9 @@ class LazyAttentionFwdSm90(HopperKernel):
     @cute.jit
     def _forward_tiles(self, qk_mma: cute.TiledMma, qk_rest: cute.TiledMma, pv_mma: cute.TiledMma, sQ, sK, sV, sT,
                        sTile, tile_pipe, tbl_pipe, q_pipe, kv_pipe, mBias, mTau, mLens, mLSE, mO, scale, tidx, wg_idx,
-                       H, Hkv, L, W, n_mblocks, total, lse_pipe=None, sL=None,
-                       short_first: cutlass.Constexpr = False):
+                       H, Hkv, L, W, n_mblocks, total):
         """Consumer warpgroups 1 and 2 (64 query rows each): every tile of the CTA, from the tile pipe until an index
-        >= ``total``: O = relu(P + tau / i) V from each row's LSE, read from ``mLSE`` or, where ``lse_pipe`` is
-        given (the fused forward), from the LSE warpgroup's rows in ``sL`` (two stages of BM fp32, natural log as
-        stored) through that pipe; stored to ``mO``; ``short_first``: ``_tiles.tile_coords``' order. The module
+        >= ``total``: O = relu(P + tau / i) V from each row's LSE (``mLSE``), stored to ``mO``. The module
         docstring gives the synchronisation."""
         D = self.D
         dt = self.dtype
@@ -440,14 +437,13 @@ class LazyAttentionFwdSm90(HopperKernel):
         # of fill k - 1, which every consumer reaches only after its reads of buffer k % 2 (tile of fill k - 2)
         fills = cutlass.Int32(0)
         tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
-        lse_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
         tile = receive_tile(tile_pipe, tile_state, sTile)
         tile_state.advance()
         if cutlass.const_expr(PINGPONG):
             if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
                 cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)
         while tile < total:
-            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks, total, short_first)
+            bx, h, b, hk = tile_coords(tile, H, Hkv, n_mblocks)
             mb, m0, lb, n_seen = query_block(bx, L, mLens[b], BM, BN, self.causal)
             n_blocks = n_seen if m0 < lb else 0  # key tiles (none where every row is at or past lengths[b])
             if cutlass.const_expr("no_tiles" in ABLATE.split("+")):
@@ -460,21 +456,13 @@ class LazyAttentionFwdSm90(HopperKernel):
             cta = cta_table_extent(W, L, BM, BN, self.causal, CTA_TABLE // 2)
 
             # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
-            if cutlass.const_expr(lse_pipe is not None):  # the fused forward: the LSE warpgroup's rows
-                lse_pipe.consumer_wait(lse_state)
             for r in cutlass.range_constexpr(n_rows):
                 m = m0 + tOcO_mn[r, 0][0]
-                if cutlass.const_expr(lse_pipe is not None):
-                    lse2[r] = sL[lse_state.index * BM + tOcO_mn[r, 0][0]] * LOG2E
-                else:
-                    lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
+                lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
                 if cutlass.const_expr(self.causal):
                     thr[r] = mTau[h] / cutlass.Float32(m + 1)
                 else:
                     thr[r] = mTau[h] / cutlass.Float32(lb)
-            if cutlass.const_expr(lse_pipe is not None):
-                lse_pipe.consumer_release(lse_state)
-                lse_state.advance()
 
             # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
             q_pipe.consumer_wait(q_state)

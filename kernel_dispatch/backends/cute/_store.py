@@ -32,11 +32,8 @@ PACKAGE_DIR = Path(__file__).parent
 # which source files make each kernel (a change to any of them makes its stored build stale)
 KERNEL_MODULES = {"fwd_sm90": "_lazy_attention_fwd_sm90_kernel", "lse_sm90": "_lazy_attention_lse_sm90_kernel",
                   "dq_sm90": "_lazy_attention_dq_sm90_kernel", "dkdv_sm90": "_lazy_attention_dkdv_sm90_kernel"}
-# built on request (scripts/build_cute_variants.py), never shipped or called by the backend: measurement candidates
-CANDIDATE_MODULES = {"fused_fwd_sm90": "_lazy_attention_fused_fwd_sm90_kernel"}
-KERNEL_SOURCES = {kernel: (f"{module}.py",) for kernel, module in {**KERNEL_MODULES, **CANDIDATE_MODULES}.items()}
+KERNEL_SOURCES = {kernel: (f"{module}.py",) for kernel, module in KERNEL_MODULES.items()}
 KERNEL_SOURCES["lse_sm90"] += ("_lazy_attention_fwd_sm90_kernel.py",)  # its row folds are the forward's
-KERNEL_SOURCES["fused_fwd_sm90"] += ("_lazy_attention_lse_sm90_kernel.py", "_lazy_attention_fwd_sm90_kernel.py")
 COMMON_SOURCES = ("_kernel_key.py", "_tiles.py")
 BUILD_COMMAND = "python -m kernel_dispatch.backends.cute.build"
 

@@ -185,14 +185,9 @@ def claim_next_tile(mCounter):
 
 
 @cute.jit
-def tile_coords(tile, heads, kv_heads, n_blocks, total=None, short_first: cutlass.Constexpr = False):
+def tile_coords(tile, heads, kv_heads, n_blocks):
     """(block, head, batch, kv head) of tile index ``tile`` in :func:`grid_dims` order (heads fastest, then blocks,
-    then the batch). With ``short_first`` the order is rotated by the grid size: a persistent CTA's first tile (its
-    CTA index) is one of the last ``gridDim.x`` tiles of ``total``, the shortest causal blocks, and the tickets then
-    run from tile 0 (a kernel whose first tile pays a lone prologue, such as ``fused_fwd_sm90``'s first LSE)."""
-    if cutlass.const_expr(short_first):
-        ctas, _, _ = cute.arch.grid_dim()
-        tile = (tile + total - ctas) % total
+    then the batch)."""
     h = tile % heads
     rest = tile // heads
     return rest % n_blocks, h, rest // n_blocks, h // (heads // kv_heads)
@@ -381,23 +376,22 @@ def fill_cta_table(sT, t, threads: cutlass.Constexpr, W, L, mBias, h, BM: cutlas
 
 @cute.jit
 def fill_tables_ahead(tile_pipe, tbl_pipe, sTile, sT, t, total, heads, kv_heads, n_blocks, W, L, mBias,
-                      BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr, cap: cutlass.Constexpr,
-                      fillers: cutlass.Constexpr = TABLE_FILLERS, short_first: cutlass.Constexpr = False):
-    """The table fillers of a persistent forward kernel (thread ``t`` of ``fillers``, spare warps of the producer
-    warpgroup): they take every tile index from the tile pipe as the consumers do and fill the tile's
+                      BM: cutlass.Constexpr, BN: cutlass.Constexpr, causal: cutlass.Constexpr, cap: cutlass.Constexpr):
+    """The table fillers of a persistent forward kernel (thread ``t`` of ``TABLE_FILLERS``, the producer
+    warpgroup's warps 1..3): they take every tile index from the tile pipe as the consumers do and fill the tile's
     CTA table (:func:`fill_cta_table`, ``cap`` entries) into the half of ``sT`` of the tile's parity, through the
     table pipe. The producer publishes a tile while the consumers still work on the one before, so the table's
     global loads run under that tile's GEMMs. Where the table does not fit (per-tile tables, the consumers' own),
-    the stage is committed empty. ``short_first``: :func:`tile_coords`' order."""
+    the stage is committed empty."""
     tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
     fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
     tile = receive_tile(tile_pipe, tile_state, sTile)
     tile_state.advance()
     while tile < total:
-        _, h, _, _ = tile_coords(tile, heads, kv_heads, n_blocks, total, short_first)
+        _, h, _, _ = tile_coords(tile, heads, kv_heads, n_blocks)
         half = cute.make_tensor(sT.iterator + fill.index * cap, cute.make_layout(cap))
         tbl_pipe.producer_acquire(fill)
-        fill_cta_table(half, t, fillers, W, L, mBias, h, BM, BN, causal, cap)
+        fill_cta_table(half, t, TABLE_FILLERS, W, L, mBias, h, BM, BN, causal, cap)
         tbl_pipe.producer_commit(fill)
         fill.advance()
         tile = receive_tile(tile_pipe, tile_state, sTile)

@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 from ._kernel_key import ARCH, DTYPES, HEAD_DIMS, KernelKey
-from ._store import CANDIDATE_MODULES, KERNEL_MODULES, source_hash, store_dir
+from ._store import KERNEL_MODULES, source_hash, store_dir
 
 SM90_SHARED_BYTES = 232448  # the opt-in maximum per block on sm_90
 
@@ -76,7 +76,7 @@ def _compile_into(key: KernelKey, out: Path, dump: Path) -> dict:
     os.environ.update(CUTE_DSL_ARCH=ARCH, CUTE_DSL_KEEP="cubin,ir", CUTE_DSL_DUMP_DIR=str(dump))
     import cutlass
 
-    module = importlib.import_module(f"{__package__}.{({**KERNEL_MODULES, **CANDIDATE_MODULES})[key.kernel]}")
+    module = importlib.import_module(f"{__package__}.{KERNEL_MODULES[key.kernel]}")
     start = time.perf_counter()
     compiled = module.compile(key)
     seconds = time.perf_counter() - start
