@@ -1,47 +1,40 @@
-"""What the lazy-attention front end costs on one GPU: the cute forward through ``lazy_attention`` against its
-launcher and its two kernels, and cuDNN's forward, each as the benchmark times it (L2 flushed before every run, CUDA
-events around one call) and again with the GPU kept busy for ``--lead-us`` after the flush, so that the host's work
-before the first kernel launch hides (what is left is GPU time only).
+"""What the lazy-attention front end costs on one GPU: the cute forward through ``lazy_attention`` and through its
+launcher, and cuDNN's forward, each run as the benchmark runs it (a 256 MiB L2 flush, then one call) under
+torch.profiler.
 
-    python scripts/gpu_time_frontend.py [--shape 4x4096x128] [--W 512] [--rounds 5] [--lead-us 400]
+    python scripts/gpu_time_frontend.py [--shape 4x4096x128] [--W 512] [--calls 20]
 
-Also prints the host's time per call (no synchronisation, the GPU busy, so no launch waits). bf16, H = 16, causal,
-tau = -1; the kernels come from the cute backend's store (``KERNEL_DISPATCH_CUTE_KERNELS`` / runtime as usual).
+For each it prints the host's microseconds per call (the GPU kept busy, so no launch waits) and, from the kernel
+timeline, the medians over the calls of: the time from the flush's end to the first kernel (host work the flush did
+not hide, plus launch latency), the span from the flush's end to the last kernel's end (what the benchmark's CUDA
+events measure) and the kernels' busy time, with the last call's kernels. bf16, H = 16, causal, tau = -1; the
+kernels come from the cute backend's store (``KERNEL_DISPATCH_CUTE_KERNELS`` / runtime as usual).
 """
 import argparse
+import json
+import os
 import statistics
+import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 from kernel_dispatch.backends.cute import lazy_attention as cute
 from kernel_dispatch.backends.cute.lazy_attention_fwd import forward as launcher_forward
-from kernel_dispatch.benchmarks.timing import Settings, Timer
+from kernel_dispatch.benchmarks.timing import FLUSH_BYTES
 from kernel_dispatch.ops.lazy_attention import lazy_attention
 
-CLOCK_HZ = 1.98e9  # H100 / H200 boost clock, for torch.cuda._sleep's cycle count (a lead, not a measurement)
-
-
-class LeadTimer(Timer):
-    """The benchmark's timer with the GPU kept busy ``lead_us`` after every flush."""
-
-    def __init__(self, device, lead_us: float):
-        super().__init__(device, Settings(warmup=3, min_reps=20, max_reps=50, budget_s=0.3))
-        self.cycles = int(lead_us * 1e-6 * CLOCK_HZ)
-
-    def flush_l2(self) -> None:
-        super().flush_l2()
-        if self.cycles:
-            torch.cuda._sleep(self.cycles)
+SLEEP_CYCLES = 400_000_000  # torch.cuda._sleep ahead of the host-time loop (about 0.2 s at 2 GHz)
 
 
 def host_us(fn, calls: int = 50) -> float:
     """Mean host microseconds per call with the GPU busy (a long sleep queued first), no synchronisation."""
     fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(0.2 * CLOCK_HZ))
+    torch.cuda._sleep(SLEEP_CYCLES)
     t = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -50,12 +43,43 @@ def host_us(fn, calls: int = 50) -> float:
     return dt
 
 
+def timeline(fn, flush: torch.Tensor, calls: int) -> dict:
+    """Kernel timeline of ``calls`` rounds of (flush, fn): medians of the gap from the flush's end to the first
+    kernel, the span to the last kernel's end and the kernels' busy time (us), and the last round's kernels."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    path = tempfile.mktemp(suffix=".json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = sorted((e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    os.unlink(path)
+    flushes = [i for i, e in enumerate(events) if e["dur"] > 20 and "Fill" in e["name"]]
+    gaps, spans, busy, last = [], [], [], []
+    for a, b in zip(flushes, flushes[1:] + [len(events)]):
+        end, kernels = events[a]["ts"] + events[a]["dur"], events[a + 1:b]
+        if kernels:
+            gaps.append(kernels[0]["ts"] - end)
+            spans.append(kernels[-1]["ts"] + kernels[-1]["dur"] - end)
+            busy.append(sum(k["dur"] for k in kernels))
+            last = [(k["name"][:48], round(k["dur"], 1)) for k in kernels]
+    if len(gaps) != calls:
+        raise SystemExit(f"found {len(gaps)} of {calls} rounds in the kernel trace (flush kernels: {len(flushes)})")
+    med = statistics.median
+    return {"flush_us": med(events[a]["dur"] for a in flushes), "gap_us": med(gaps), "span_us": med(spans),
+            "busy_us": med(busy), "last": last}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="4x4096x128", help="BxLxD")
     p.add_argument("--W", type=int, default=512)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--lead-us", type=float, default=400.0)
+    p.add_argument("--calls", type=int, default=20)
     a = p.parse_args()
     B, L, D = (int(x) for x in a.shape.split("x"))
     H, dev, dt = 16, torch.device("cuda"), torch.bfloat16
@@ -64,7 +88,8 @@ def main():
     bias = (0.5 * torch.randn(H, a.W, generator=g, device=dev)).requires_grad_()
     tau = torch.full((H,), -1.0, device=dev).requires_grad_()
     scale = D ** -0.5
-    kern = cute._kernels(q, True)
+    kernels = cute._kernels(q, True)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
 
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -72,29 +97,16 @@ def main():
 
     cases = {
         "front end (lazy_attention, backend='cute')": lambda: lazy_attention(q, k, v, bias, tau, backend="cute"),
-        "front end, no grad": lambda: _no_grad(lambda: lazy_attention(q, k, v, bias, tau, backend="cute")),
-        "launcher (lazy_attention_fwd.forward)": lambda: launcher_forward(kern, q.detach(), k.detach(), v.detach(),
-                                                                         bias.detach(), tau.detach(), scale, None,
-                                                                         True),
-        "cudnn": cudnn,
+        "launcher (lazy_attention_fwd.forward)": lambda: launcher_forward(
+            kernels, q.detach(), k.detach(), v.detach(), bias.detach(), tau.detach(), scale, None, True),
+        "cuDNN (plain causal attention)": cudnn,
     }
     print(torch.cuda.get_device_name(), torch.__version__, f"B={B} H={H} L={L} D={D} W={a.W}", flush=True)
     for name, fn in cases.items():
-        print(f"host {host_us(fn):8.1f} us per call  {name}", flush=True)
-    results = {(name, lead): [] for name in cases for lead in (0.0, a.lead_us)}
-    for r in range(a.rounds):
-        for lead in (0.0, a.lead_us):
-            timer = LeadTimer(dev, lead)
-            for name, fn in cases.items():
-                results[name, lead].append(timer.measure(fn)["median_ms"])
-    for (name, lead), ms in results.items():
-        print(f"{'lead %4.0f us' % lead if lead else 'as the bench'}  min {min(ms):.4f}  median "
-              f"{statistics.median(ms):.4f} ms  {name}")
-
-
-def _no_grad(fn):
-    with torch.no_grad():
-        return fn()
+        t = timeline(fn, flush, a.calls)
+        print(f"{name}: host {host_us(fn):.1f} us per call; flush {t['flush_us']:.1f} us; flush end to first kernel "
+              f"{t['gap_us']:.1f} us, to last kernel's end {t['span_us']:.1f} us; kernels busy {t['busy_us']:.1f} us")
+        print("    kernels (us):", ", ".join(f"{n} {d}" for n, d in t["last"]), flush=True)
 
 
 if __name__ == "__main__":
