@@ -1,13 +1,13 @@
 """What the lazy-attention front end costs on one GPU: the cute forward through ``lazy_attention`` and through its
 launcher, and cuDNN's forward, each run as the benchmark runs it (a 256 MiB L2 flush, then one call) under
-torch.profiler.
+torch.profiler, the three interleaved round by round.
 
-    python scripts/gpu_time_frontend.py [--shape 4x4096x128] [--W 512] [--calls 20]
+    python scripts/gpu_time_frontend.py [--shape 4x4096x128] [--W 512] [--rounds 20]
 
 For each it prints the host's microseconds per call (the GPU kept busy, so no launch waits) and, from the kernel
-timeline, the medians over the calls of: the time from the flush's end to the first kernel (host work the flush did
+timeline, the medians over the rounds of: the time from the flush's end to the first kernel (host work the flush did
 not hide, plus launch latency), the span from the flush's end to the last kernel's end (what the benchmark's CUDA
-events measure) and the kernels' busy time, with the last call's kernels. bf16, H = 16, causal, tau = -1; the
+events measure) and the kernels' busy time, with the last round's kernels. bf16, H = 16, causal, tau = -1; the
 kernels come from the cute backend's store (``KERNEL_DISPATCH_CUTE_KERNELS`` / runtime as usual).
 """
 import argparse
@@ -43,16 +43,19 @@ def host_us(fn, calls: int = 50) -> float:
     return dt
 
 
-def timeline(fn, flush: torch.Tensor, calls: int) -> dict:
-    """Kernel timeline of ``calls`` rounds of (flush, fn): medians of the gap from the flush's end to the first
-    kernel, the span to the last kernel's end and the kernels' busy time (us), and the last round's kernels."""
-    for _ in range(3):
-        fn()
+def timelines(cases: dict, flush: torch.Tensor, rounds: int) -> dict:
+    """Kernel timelines of ``rounds`` rounds, each running every case once after a flush (cases interleaved, so a
+    change of the card's clock moves them alike): per case the medians of the gap from the flush's end to its first
+    kernel, the span to its last kernel's end and its kernels' busy time (us), and the last round's kernels."""
+    for fn in cases.values():
+        for _ in range(3):
+            fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            flush.zero_()
-            fn()
+        for _ in range(rounds):
+            for fn in cases.values():
+                flush.zero_()
+                fn()
         torch.cuda.synchronize()
     path = tempfile.mktemp(suffix=".json")
     prof.export_chrome_trace(path)
@@ -60,26 +63,29 @@ def timeline(fn, flush: torch.Tensor, calls: int) -> dict:
         events = sorted((e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     os.unlink(path)
     flushes = [i for i, e in enumerate(events) if e["dur"] > 20 and "Fill" in e["name"]]
-    gaps, spans, busy, last = [], [], [], []
-    for a, b in zip(flushes, flushes[1:] + [len(events)]):
+    if len(flushes) != rounds * len(cases):
+        raise SystemExit(f"found {len(flushes)} flushes in the kernel trace, expected {rounds * len(cases)}")
+    runs = {name: {"gap": [], "span": [], "busy": [], "flush": [], "last": []} for name in cases}
+    for n, (a, b) in enumerate(zip(flushes, flushes[1:] + [len(events)])):
         end, kernels = events[a]["ts"] + events[a]["dur"], events[a + 1:b]
-        if kernels:
-            gaps.append(kernels[0]["ts"] - end)
-            spans.append(kernels[-1]["ts"] + kernels[-1]["dur"] - end)
-            busy.append(sum(k["dur"] for k in kernels))
-            last = [(k["name"][:48], round(k["dur"], 1)) for k in kernels]
-    if len(gaps) != calls:
-        raise SystemExit(f"found {len(gaps)} of {calls} rounds in the kernel trace (flush kernels: {len(flushes)})")
+        if not kernels:
+            raise SystemExit(f"no kernel after flush {n} in the trace")
+        r = runs[list(cases)[n % len(cases)]]
+        r["gap"].append(kernels[0]["ts"] - end)
+        r["span"].append(kernels[-1]["ts"] + kernels[-1]["dur"] - end)
+        r["busy"].append(sum(k["dur"] for k in kernels))
+        r["flush"].append(events[a]["dur"])
+        r["last"] = [(k["name"][:48], round(k["dur"], 1)) for k in kernels]
     med = statistics.median
-    return {"flush_us": med(events[a]["dur"] for a in flushes), "gap_us": med(gaps), "span_us": med(spans),
-            "busy_us": med(busy), "last": last}
+    return {name: {"flush_us": med(r["flush"]), "gap_us": med(r["gap"]), "span_us": med(r["span"]),
+                   "busy_us": med(r["busy"]), "last": r["last"]} for name, r in runs.items()}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="4x4096x128", help="BxLxD")
     p.add_argument("--W", type=int, default=512)
-    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=20)
     a = p.parse_args()
     B, L, D = (int(x) for x in a.shape.split("x"))
     H, dev, dt = 16, torch.device("cuda"), torch.bfloat16
@@ -102,11 +108,15 @@ def main():
         "cuDNN (plain causal attention)": cudnn,
     }
     print(torch.cuda.get_device_name(), torch.__version__, f"B={B} H={H} L={L} D={D} W={a.W}", flush=True)
-    for name, fn in cases.items():
-        t = timeline(fn, flush, a.calls)
-        print(f"{name}: host {host_us(fn):.1f} us per call; flush {t['flush_us']:.1f} us; flush end to first kernel "
+    found = timelines(cases, flush, a.rounds)
+    for name, t in found.items():
+        host = host_us(cases[name])
+        print(f"{name}: host {host:.1f} us per call; flush {t['flush_us']:.1f} us; flush end to first kernel "
               f"{t['gap_us']:.1f} us, to last kernel's end {t['span_us']:.1f} us; kernels busy {t['busy_us']:.1f} us")
         print("    kernels (us):", ", ".join(f"{n} {d}" for n, d in t["last"]), flush=True)
+    cudnn_span = found["cuDNN (plain causal attention)"]["span_us"]
+    print("spans against cuDNN's:", ", ".join(f"{name.split(' (')[0]} {t['span_us'] / cudnn_span:.3f}x"
+                                             for name, t in found.items()))
 
 
 if __name__ == "__main__":
