@@ -1,14 +1,16 @@
 """What the lazy-attention front end costs on one GPU: the cute forward through ``lazy_attention`` and through its
 launcher, and cuDNN's forward, each run as the benchmark runs it (a 256 MiB L2 flush, then one call) under
-torch.profiler, the three interleaved round by round.
+torch.profiler, the cases interleaved round by round; with ``--step fwd_bwd`` the benchmark's forward+backward
+(``torch.autograd.grad`` of every input) through the front end and cuDNN's.
 
-    python scripts/gpu_time_frontend.py [--shape 4x4096x128] [--W 512] [--rounds 20]
+    python scripts/gpu_time_frontend.py [--step fwd|fwd_bwd] [--shape 4x4096x128] [--W 512] [--rounds 20]
 
 For each it prints the host's microseconds per call (the GPU kept busy, so no launch waits) and, from the kernel
 timeline, the medians over the rounds of: the time from the flush's end to the first kernel (host work the flush did
 not hide, plus launch latency), the span from the flush's end to the last kernel's end (what the benchmark's CUDA
-events measure) and the kernels' busy time, with the last round's kernels. bf16, H = 16, causal, tau = -1; the
-kernels come from the cute backend's store (``KERNEL_DISPATCH_CUTE_KERNELS`` / runtime as usual).
+events measure) and the kernels' busy time, with the last round's kernels (duration, start after the flush).
+bf16, H = 16, causal, tau = -1; the kernels come from the cute backend's store (``KERNEL_DISPATCH_CUTE_KERNELS`` /
+runtime as usual).
 """
 import argparse
 import json
@@ -75,7 +77,7 @@ def timelines(cases: dict, flush: torch.Tensor, rounds: int) -> dict:
         r["span"].append(kernels[-1]["ts"] + kernels[-1]["dur"] - end)
         r["busy"].append(sum(k["dur"] for k in kernels))
         r["flush"].append(events[a]["dur"])
-        r["last"] = [(k["name"][:48], round(k["dur"], 1)) for k in kernels]
+        r["last"] = [(k["name"][:48], round(k["dur"], 1), round(k["ts"] - end, 1)) for k in kernels]
     med = statistics.median
     return {name: {"flush_us": med(r["flush"]), "gap_us": med(r["gap"]), "span_us": med(r["span"]),
                    "busy_us": med(r["busy"]), "last": r["last"]} for name, r in runs.items()}
@@ -83,6 +85,7 @@ def timelines(cases: dict, flush: torch.Tensor, rounds: int) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--step", choices=("fwd", "fwd_bwd"), default="fwd")
     p.add_argument("--shape", default="4x4096x128", help="BxLxD")
     p.add_argument("--W", type=int, default=512)
     p.add_argument("--rounds", type=int, default=20)
@@ -101,19 +104,28 @@ def main():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
-    cases = {
-        "front end (lazy_attention, backend='cute')": lambda: lazy_attention(q, k, v, bias, tau, backend="cute"),
-        "launcher (lazy_attention_fwd.forward)": lambda: launcher_forward(
-            kernels, q.detach(), k.detach(), v.detach(), bias.detach(), tau.detach(), scale, None, True),
-        "cuDNN (plain causal attention)": cudnn,
-    }
+    if a.step == "fwd":
+        cases = {
+            "front end (lazy_attention, backend='cute')": lambda: lazy_attention(q, k, v, bias, tau, backend="cute"),
+            "launcher (lazy_attention_fwd.forward)": lambda: launcher_forward(
+                kernels, q.detach(), k.detach(), v.detach(), bias.detach(), tau.detach(), scale, None, True),
+            "cuDNN (plain causal attention)": cudnn,
+        }
+    else:
+        do = torch.randn(B, H, L, D, generator=g, device=dev).to(dt)
+        leaves = (q, k, v, bias, tau)
+        cases = {
+            "front end (lazy_attention, backend='cute')": lambda: torch.autograd.grad(
+                lazy_attention(*leaves, backend="cute"), leaves, do),
+            "cuDNN (plain causal attention)": lambda: torch.autograd.grad(cudnn(), (q, k, v), do),
+        }
     print(torch.cuda.get_device_name(), torch.__version__, f"B={B} H={H} L={L} D={D} W={a.W}", flush=True)
     found = timelines(cases, flush, a.rounds)
     for name, t in found.items():
         host = host_us(cases[name])
         print(f"{name}: host {host:.1f} us per call; flush {t['flush_us']:.1f} us; flush end to first kernel "
               f"{t['gap_us']:.1f} us, to last kernel's end {t['span_us']:.1f} us; kernels busy {t['busy_us']:.1f} us")
-        print("    kernels (us):", ", ".join(f"{n} {d}" for n, d in t["last"]), flush=True)
+        print("    kernels (us, at us):", ", ".join(f"{n} {d} at {at}" for n, d, at in t["last"]), flush=True)
     cudnn_span = found["cuDNN (plain causal attention)"]["span_us"]
     print("spans against cuDNN's:", ", ".join(f"{name.split(' (')[0]} {t['span_us'] / cudnn_span:.3f}x"
                                              for name, t in found.items()))
