@@ -58,3 +58,19 @@ def test_forward_and_backward_launch_as_declared(recorded, lengths, causal):
     partial = next(args[11] for name, args in calls if name == "dkdv_sm90")
     assert partial.shape == (B, H, 1, min(W, L) if causal else 2 * min(W, L) - 1)  # entries per distance
     assert dbias.shape == (H, W)
+
+
+@pytest.mark.parametrize("scale", [-0.5, 0.0, 0.125])
+def test_forward_passes_the_kernels_a_positive_scale(recorded, scale):
+    """The kernels take the row max on unscaled q.k and fold masked scores as -inf * scale: they get scale > 0 with
+    (q', scale') such that q'.k * scale' = q.k * scale, a non-finite q still NaN at scale 0."""
+    calls, kernel = recorded
+    q = torch.randn(1, 2, 5, 64, dtype=torch.bfloat16)
+    q[0, 1, 2, 3] = float("inf")
+    k, v = (torch.randn(1, 2, 5, 64, dtype=torch.bfloat16) for _ in range(2))
+    lazy_attention_fwd.forward(kernel, q, k, v, torch.randn(2, 8), torch.full((2,), -1.0), scale, None, True)
+    for name, args in calls:
+        q_passed, scale_passed = args[0], args[-1]
+        assert scale_passed > 0, name
+        expect = q.float() * scale
+        torch.testing.assert_close(q_passed.float() * scale_passed, expect, equal_nan=True, msg=name)

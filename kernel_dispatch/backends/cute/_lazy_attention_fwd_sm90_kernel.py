@@ -131,7 +131,7 @@ ARGS = {
         "lengths int32 [B] (L when no padding; values in [0, L])",
         "lse fp32 [B,H,L] (read: lse_sm90's, natural log)",
         "o fp16/bf16 [B,H,L,D] (written)",
-        "counter int32 [1] (zero; the persistent CTAs' tile tickets, written)",
+        "counter int32 [1] (zero; the persistent CTAs' tile tickets, zero again at the end)",
         "ctas int (python scalar: CTAs to launch, the SM count)",
         "scale float (python scalar)",
     ]
@@ -233,14 +233,25 @@ class LazyAttentionFwdSm90(HopperKernel):
     def _scores(self, acc_mn, tScS_mn, sT, m0, n0, lb, sc2, masked, span):
         """acc_mn (raw q.k) -> log2-domain scores with bias (from the table sT) and, where ``masked`` (the tile
         crosses lengths[b] or, causal, the diagonal), masks, in place. Masked entries are set to -inf by a select
-        (never by adding -inf: a NaN product of a masked key must not reach its row). A masked tile may see
-        distances past the table (keys or rows beyond lengths[b], far from the band): its indices are clamped to
-        ``span`` (:class:`_tiles.TableSpan`), whose end entries hold bias 0."""
+        (never by adding -inf: a NaN product of a masked key must not reach its row). A tile that crosses lengths[b]
+        (or any masked tile, not causal) may see distances past the table (keys or rows beyond lengths[b], far from
+        the band): its indices are clamped to ``span`` (:class:`_tiles.TableSpan`), whose end entries hold bias 0; a
+        causal tile before lengths[b] sees only the table's distances and takes the causal mask alone."""
+        cut = n0 + self.key_tile() > lb
+        if cutlass.const_expr(not self.causal):
+            cut = True
         if not masked:
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 j = tScS_mn[0, c][1]
                 for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                     acc_mn[r, c] = acc_mn[r, c] * sc2 + sT[tScS_mn[r, 0][0] - j + (self.key_tile() - 1)]
+        elif not cut:
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                j = tScS_mn[0, c][1]
+                for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                    i = tScS_mn[r, 0][0]
+                    val = acc_mn[r, c] * sc2 + sT[i - j + (self.key_tile() - 1)]
+                    acc_mn[r, c] = val if n0 + j <= m0 + i else -cutlass.Float32.inf
         else:
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 j = tScS_mn[0, c][1]
@@ -265,9 +276,11 @@ class LazyAttentionFwdSm90(HopperKernel):
                           acc_S)
 
     @cute.jit
-    def _gemm_pv(self, pv_mma, acc_O, tOrP, tOrV, stage):
-        """Issue acc_O += A V(stage) with A from registers (no fence, commit or wait)."""
-        for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+    def _gemm_pv(self, pv_mma, acc_O, tOrP, tOrV, stage, k_blocks: cutlass.Constexpr = None):
+        """Issue acc_O += A V(stage) with A from registers (no fence, commit or wait); the first ``k_blocks`` key
+        blocks of 16 only where given (A is 0 on the others)."""
+        for k in cutlass.range_constexpr(cute.size(tOrP.shape[2]) if cutlass.const_expr(k_blocks is None)
+                                         else k_blocks):
             if cutlass.const_expr(not {"no_gemm", "loads_only"} & set(ABLATE.split("+"))):
                 cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
 
@@ -306,6 +319,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         elif not masked:
             self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
             self._relu_rows(acc_mn, lse2, thr, sc2, False)
+        elif self.causal and n0 + BN <= lb:
+            self._diagonal_rows(acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr)
         else:
             self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
@@ -314,6 +329,39 @@ class LazyAttentionFwdSm90(HopperKernel):
                     p = self._exp2(cute.arch.fmin(s2 - lse2[r], zero, nan=True))
                     a = cute.arch.fmax(p + thr[r], zero, nan=True)
                     acc_mn[r, c] = zero if s2 == -cutlass.Float32.inf else a
+
+    @cute.jit
+    def _diagonal_rows(self, acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr):
+        """A of the causal diagonal tile (n0 = m0; before lengths[b], so every index is inside the table): of the
+        first warpgroup's rows (m0 .. m0 + WM - 1) keys n0 + WM .. follow every row (A = 0 without exponentials)
+        and the first WM keys need the mask; of the second warpgroup's the first WM keys precede every row and the
+        others need it. Columns c < half are keys n0 .. n0 + WM - 1. A masked entry is 0 by one select (its score,
+        NaN included, never reaches A)."""
+        half = cute.size(acc_mn.shape[1]) // 2
+        if tScS_mn[0, 0][0] < WM:  # this warpgroup's rows are the CTA's first WM
+            self._diagonal_part(acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr, range(half), True)
+            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                for c in cutlass.range_constexpr(half, cute.size(acc_mn.shape[1])):
+                    acc_mn[r, c] = cutlass.Float32(0.0)
+        else:
+            self._diagonal_part(acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr, range(half), False)
+            self._diagonal_part(acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr,
+                                range(half, cute.size(acc_mn.shape[1])), True)
+
+    @cute.jit
+    def _diagonal_part(self, acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr, cols: cutlass.Constexpr,
+                       mask: cutlass.Constexpr):
+        """A of the diagonal tile's columns ``cols``, by the causal mask where ``mask``."""
+        zero = cutlass.Float32(0.0)
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            i = tScS_mn[r, 0][0]
+            for c in cutlass.range_constexpr(cols.start, cols.stop):
+                j = tScS_mn[0, c][1]
+                x = acc_mn[r, c] * sc2 + tbl[i - j + (BN - 1)] - lse2[r]
+                a = cute.arch.fmax(self._exp2(cute.arch.fmin(x, zero, nan=True)) + thr[r], zero, nan=True)
+                if cutlass.const_expr(mask):
+                    a = a if n0 + j <= m0 + i else zero
+                acc_mn[r, c] = a
 
     @cute.jit
     def _relu_rows(self, acc_mn, lse2, thr, sc2, raw: cutlass.Constexpr):
@@ -521,10 +569,20 @@ class LazyAttentionFwdSm90(HopperKernel):
                 self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
                 warpgroup.fence()
                 turn_wait(wg, PINGPONG)
-                self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
-                warpgroup.commit_group()
-                turn_pass(wg, PINGPONG)
-                warpgroup.wait_group(0)
+                # the diagonal tile of the first warpgroup's rows (``_diagonal_rows``): A is 0 on keys m0 + WM ..
+                half_pv = wg == 0 and (n_blocks - 1) * BN == m0 and m0 + BN <= lb
+                if cutlass.const_expr(not self.causal):
+                    half_pv = False
+                if half_pv:
+                    self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index, cute.size(tOrP.shape[2]) // 2)
+                    warpgroup.commit_group()
+                    turn_pass(wg, PINGPONG)
+                    warpgroup.wait_group(0)
+                else:
+                    self._gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                    warpgroup.commit_group()
+                    turn_pass(wg, PINGPONG)
+                    warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
             q_state.advance()
@@ -586,7 +644,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                     q_state, kv_state, count = self._load_tile(q_pipe, kv_pipe, q_state, kv_state, count, tma_q,
                                                                tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, sQ, sK, sV,
                                                                h, b, hk, mb, n_blocks)
-                    tile = claim_next_tile(mCounter)
+                    tile = claim_next_tile(mCounter, total)
                     publish_tile(tile_pipe, tile_state, sTile, tile)
                     tile_state.advance()
             else:  # warps 1..3: each tile's bias table, a tile ahead of the consumers

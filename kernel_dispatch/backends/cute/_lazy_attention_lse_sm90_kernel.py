@@ -15,27 +15,38 @@ rows, head, batch) in grid order, the next one gridDim.x + a ticket from the cal
   lengths[b]) into a ring of STAGES buffers.
 - warpgroups 1 .. 4, the consumers (setmaxnreg up to 112, ``consumer_regs``): warpgroup w owns query rows
   m0 + 64 (w - 1) ..; per key tile it issues S = Q_w K^T (m64nBNk16, both operands in shared memory), waits,
-  releases the stage and folds the tile into its rows' running max and sum (``_sweep1_rows``: free tiles take the
-  max on q.k and one FFMA per exp2; band tiles add the bias from the table, masked tiles select -inf: the forward
-  module's ``_scores``). A tile no row of the warpgroup sees (causal: its first key after the warpgroup's last row)
-  is released without a GEMM. No ping-pong: the four warpgroups' GEMMs and exponentials interleave by themselves
-  (issuing them in turn, 0, 1, 2, 3, 0, ..., timed no faster).
+  releases the stage and folds the tile into its rows' running max and sum (``_sweep1_rows``: every tile takes the
+  max on q.k and one FFMA per exp2, masked entries -inf by a select; a band tile's exp2 times exp2(bias) from the
+  table, ``_fold_band_exp``; of the causal diagonal tile (wm0 - n0 is 0 or 64) only the half of the keys the
+  mask cuts is compared, and where the last 64 keys follow every row only the first 64 are folded). The kernels
+  get scale > 0 (the launcher maps a negative or zero scale onto q), so q.k * scale keeps -inf. A tile no row of
+  the warpgroup sees (causal: its first key after the warpgroup's last row) is released without a GEMM.
+  Exp-domain band folds need every log2-domain bias of the head's table within +-EXP_RANGE
+  (``lazy_attention_fwd``): the row max is then the scores' without the bias, at most EXP_RANGE from the row's, so
+  the fp32 sum neither overflows nor loses a term that matters (an exp2 flushed to 0 below 2^-126 weighs at most
+  2^(2 EXP_RANGE - 126) of the row's largest term). A table with a bias outside (or NaN) carries its fill's tag in
+  entry FLAG, and that tile's band tiles take per-tile tables of the log2-domain bias with the forward's
+  ``_scores``, as where W is too large for the CTA's table. No ping-pong: the four warpgroups' GEMMs and
+  exponentials interleave by themselves (issuing them in turn, 0, 1, 2, 3, 0, ..., timed no faster).
 
 Synchronisation (``fwd_sm90``'s docstring gives the tile and table pipes' rules):
 - Tile pipe (2 slots): the next tile index from the producer's elected lane to the 512 consumer threads.
 - Q pipeline (1 stage): full barrier = the TMA bytes of sQ; the consumers wait once per tile and release it (one
   arrive per warp) after the tile's last key tile's GEMMs, before its last fold and the LSE stores.
-- Table pipe (2 stages): the CTA's table over every distance a tile sees, in the half of sT of the tile's parity
-  (causal min(W, L) <= 3584, non-causal <= 1663), filled per tile by the 512 consumer threads, waited on before a
-  warpgroup's first non-free key tile, released after the tile.
+- Table pipe (2 stages): the CTA's table of exp2(bias) over every distance a tile sees, in the half of sT of the
+  tile's parity (causal min(W, L) <= 3583, non-causal <= 1663; the half's last entry is the range flag), filled per
+  tile by the 512 consumer threads, waited on before a warpgroup's first non-free key tile (and, by every consumer,
+  before the block's first band tile: the range flag decides CTA-uniformly whether the per-tile tables of (b)
+  replace it), released after the tile.
 - KV pipeline (STAGES stages): full[s] completes when the TMA bytes of stage s land; empty[s] needs one arrive from
   each of the 16 consumer warps (lane 0 of each) after that warpgroup's GEMM on stage s completed (or, a tile the
   warpgroup skips, at once).
 - Named barrier 1 (the 512 consumer threads), at CTA-uniform points: (a) after zeroing the rows of sQ at query
   positions >= lengths[b] (generic stores, then fence.proxy.async, then the barrier, before any wgmma reads them);
-  (b) where W is too large for the CTA's table, a per-tile table filled by all consumers on every non-free
-  tile of the block (CTA-uniform: the tile's class is the whole block's), one barrier per fill (the forward's rule:
-  fill k starts after the barrier of fill k - 1, which no consumer passes before its reads of fill k - 2).
+  (b) where W is too large for the CTA's table or its range flag is set, a per-tile table filled by all consumers
+  on every non-free tile of the block (CTA-uniform: the tile's class is the whole block's), one barrier per fill
+  (the forward's rule: fill k starts after the barrier of fill k - 1, which no consumer passes before its reads of
+  fill k - 2).
 
 Rules: rows >= lengths[b] compute with q = 0 (their LSE is the log-sum-exp of the bias over the valid keys); keys >=
 lengths[b] masked by a select (never by adding -inf); lengths[b] = 0 gives LSE = -inf; NaN propagates (NaN-propagating
@@ -55,8 +66,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from . import _lazy_attention_fwd_sm90_kernel as fwd_module
 from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
-from ._tiles import (DSL_DTYPES, LOG2E, SCHEDULE_STAGES, WG, acc_mn_view, claim_next_tile, compile_kernel, fake_rows,
-                     fill_cta_table, keys_free, load_row_block, pairwise_sum, persistent_dims, persistent_grid,
+from .lazy_attention_fwd import EXP_RANGE
+from ._tiles import (DSL_DTYPES, FILL_BATCH, LOG2E, SCHEDULE_STAGES, WG, CtaTable, acc_mn_view, bias_at,
+                     claim_next_tile, compile_kernel, cta_table_extent, fake_rows, fill_cta_table, keys_free,
+                     load_row_block, pairwise_reduce, pairwise_sum, persistent_dims, persistent_grid,
                      publish_tile, quad_reduce, query_block, receive_tile, schedule_pipe, score_mmas, start_producer,
                      struct_bytes, sw128_atoms, table_pipe, thread_roles, tile_class, tile_coords, tile_table,
                      tma_pipeline, tma_views)
@@ -69,7 +82,7 @@ ARGS = {
         "bias fp32 [H,W] contiguous",
         "lengths int32 [B] (L when no padding; values in [0, L])",
         "lse fp32 [B,H,L] (written, natural log)",
-        "counter int32 [1] (zero; the persistent CTAs' tile tickets, written)",
+        "counter int32 [1] (zero; the persistent CTAs' tile tickets, zero again at the end)",
         "ctas int (python scalar: CTAs to launch, the SM count)",
         "scale float (python scalar, >= 0)",
     ]
@@ -84,6 +97,27 @@ TABLE = 512  # entries of one per-tile bias table (BM + BN - 1 used)
 CTA_TABLE = 8192  # entries of the CTA's table over every distance its tiles see
 CONSUMER_BARRIER = 1
 LN2 = 0.6931471805599453
+FLAG = CTA_TABLE // 2 - 1  # the entry of a table half holding its fill's tag where some bias is out of EXP_RANGE
+EXP_BAND = True  # band tiles fold in the exp domain (the table holds exp2(bias)); False: the log2 table as the forward
+
+
+@cute.jit
+def fill_exp_table(sTk, t, threads: cutlass.Constexpr, W, L, mBias, h, BM: cutlass.Constexpr, BN: cutlass.Constexpr,
+                   causal: cutlass.Constexpr, tag):
+    """Fill (thread ``t`` of ``threads``) the CTA's table over every distance its band tiles see, as
+    ``_tiles.fill_cta_table`` does, with exp2 of each log2-domain bias; where some bias is outside [-EXP_RANGE,
+    EXP_RANGE] (or NaN) its thread writes ``tag`` into entry FLAG, and the tile's band tiles take per-tile tables
+    of the log2-domain bias (``_tiles.tile_table``), as where W is too large for the CTA's table."""
+    cta = cta_table_extent(W, L, BM, BN, causal, FLAG)
+    if cta.whole:
+        for t0 in cutlass.range(t, cta.entries, FILL_BATCH * threads, unroll=1):
+            vals = [bias_at(cta.d_first + t0 + j * threads, W, mBias, h, causal) for j in range(FILL_BATCH)]
+            for j in cutlass.range_constexpr(FILL_BATCH):
+                if t0 + j * threads < cta.entries:
+                    sTk[t0 + j * threads] = cute.math.exp2(vals[j], fastmath=True)
+                    if not (vals[j] <= EXP_RANGE and vals[j] >= -EXP_RANGE):
+                        sTk[FLAG] = tag
+    return cta
 
 
 def consumer_regs() -> int:
@@ -114,26 +148,81 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
         return down if lse * LOG2E > lse2 else lse
 
     @cute.jit
-    def _sweep1_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max, row_sum):
+    def _sweep1_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, wm0, n0, lb, sc2, row_max, row_sum,
+                     exp_band):
         """Fold a tile's raw scores (q.k) into the online row max and sum (log2 domain): free tiles straight from
-        q.k, the others after the bias and masks (the forward's ``_scores``)."""
+        q.k; band tiles where ``exp_band`` (``tbl`` holds exp2 of the bias) as exp2(scores without bias) times the
+        table's entry (``_fold_band_exp``), else after the bias and masks (the forward's ``_scores``)."""
+        ablate = fwd_module.ABLATE.split("+")
+        if cutlass.const_expr("mask_free" in ablate):  # timing only: every tile folds as a free one
+            free = True
+        if cutlass.const_expr("band_free" in ablate):  # timing only: unmasked band tiles fold as free ones
+            free = free or not masked
         if free:
             self._fold_rows(acc_mn, row_max, row_sum, sc2, True)
+        elif exp_band:
+            self._fold_band_exp(acc_mn, masked, span, tScS_mn, tbl, m0, wm0, n0, lb, sc2, row_max, row_sum)
         else:
             self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
             self._fold_rows(acc_mn, row_max, row_sum, sc2, False)
 
     @cute.jit
-    def _fold_rows(self, acc_mn, row_max, row_sum, sc2, raw: cutlass.Constexpr):
-        """row_max / row_sum <- the tile's scores folded in; ``raw``: acc_mn holds q.k (scores = sc2 * q.k: the max
-        is taken on q.k, which needs sc2 >= 0, and exp2 gets one FFMA per score), else log2-domain scores. The
-        tile's row sum is a balanced tree (a chain of 32 dependent adds per row is what ptxas makes of a reduce)."""
+    def _fold_band_exp(self, acc_mn, masked, span, tScS_mn, tbl, m0, wm0, n0, lb, sc2, row_max, row_sum):
+        """A band tile folded as a free one (the max on q.k, one FFMA per exp2 argument, which needs sc2 > 0) with
+        each exp2 times exp2(bias) from the table ``tbl``: the bias leaves the path to the row max. The max is then
+        not the row's (a bias of up to EXP_RANGE shifts it), which the fp32 sum absorbs. A masked tile's entries
+        are q.k or -inf by a select (exp2 0); its table index is clamped to ``span`` only where the tile crosses
+        lengths[b] (or, not causal, always): a causal tile before lengths[b] sees only the table's distances."""
         n_cols = cute.size(acc_mn.shape[1])
+        n_rows = cute.size(acc_mn.shape[0])
+        near = lambda r, c: tbl[tScS_mn[r, 0][0] - tScS_mn[0, c][1] + (BN - 1)]  # an index inside the table
+        cut = n0 + BN > lb
+        if cutlass.const_expr(not self.causal):
+            cut = True
+        if masked and not cut:  # the diagonal tile: wm0 - n0 is 0 or WM (keys n0 + WM .. follow every row / the
+            half = n_cols // 2  # first WM keys precede every row); columns c < half are keys n0 .. n0 + WM - 1
+            if wm0 == n0:
+                for c in cutlass.range_constexpr(half):
+                    for r in cutlass.range_constexpr(n_rows):
+                        ok = n0 + tScS_mn[0, c][1] <= m0 + tScS_mn[r, 0][0]
+                        acc_mn[r, c] = acc_mn[r, c] if ok else -cutlass.Float32.inf
+                self._fold_rows(acc_mn, row_max, row_sum, sc2, True, near, half)
+            else:
+                for c in cutlass.range_constexpr(half, n_cols):
+                    for r in cutlass.range_constexpr(n_rows):
+                        ok = n0 + tScS_mn[0, c][1] <= m0 + tScS_mn[r, 0][0]
+                        acc_mn[r, c] = acc_mn[r, c] if ok else -cutlass.Float32.inf
+                self._fold_rows(acc_mn, row_max, row_sum, sc2, True, near)
+        elif masked:
+            for c in cutlass.range_constexpr(n_cols):
+                j = tScS_mn[0, c][1]
+                key_ok = n0 + j < lb
+                for r in cutlass.range_constexpr(n_rows):
+                    ok = key_ok
+                    if cutlass.const_expr(self.causal):
+                        ok = key_ok and (n0 + j <= m0 + tScS_mn[r, 0][0])
+                    acc_mn[r, c] = acc_mn[r, c] if ok else -cutlass.Float32.inf
+            self._fold_rows(acc_mn, row_max, row_sum, sc2, True, lambda r, c: tbl[cutlass.min(cutlass.max(
+                tScS_mn[r, 0][0] - tScS_mn[0, c][1] + (BN - 1), span.lo), span.hi)])
+        else:
+            self._fold_rows(acc_mn, row_max, row_sum, sc2, True, near)
+
+    @cute.jit
+    def _fold_rows(self, acc_mn, row_max, row_sum, sc2, raw: cutlass.Constexpr, weight=None, n_used=None):
+        """row_max / row_sum <- the tile's scores folded in; ``raw``: acc_mn holds q.k (scores = sc2 * q.k: the max
+        is taken on q.k, which needs sc2 > 0, and exp2 gets one FFMA per score), else log2-domain scores; each
+        exp2 times ``weight(r, c)`` where given; only the first ``n_used`` columns where given (the rest masked).
+        The tile's row sum is a balanced tree (a chain of 32 dependent adds per row is what ptxas makes of a
+        reduce)."""
+        n_cols = cute.size(acc_mn.shape[1]) if cutlass.const_expr(n_used is None) else n_used
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
             if cutlass.const_expr(raw and "no_max" in fwd_module.ABLATE.split("+")):  # timing only: no row max
                 mx = cutlass.Float32(0.0)
-            else:
+            elif cutlass.const_expr(n_used is None):
                 mx = quad_reduce(acc_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                                 cute.arch.fmax)
+            else:
+                mx = quad_reduce(pairwise_reduce([acc_mn[r, c] for c in range(n_cols)], cute.arch.fmax),
                                  cute.arch.fmax)
             if cutlass.const_expr(raw):
                 mx = mx * sc2
@@ -143,8 +232,12 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
             for c in cutlass.range_constexpr(n_cols):
                 x = acc_mn[r, c] * sc2 - safe if cutlass.const_expr(raw) else acc_mn[r, c] - safe
                 acc_mn[r, c] = self._exp2(x)
-            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + pairwise_sum(
-                [acc_mn[r, c] for c in range(n_cols)])
+            if cutlass.const_expr(weight is None):
+                tile_sum = pairwise_sum([acc_mn[r, c] for c in range(n_cols)])
+            else:
+                tile_sum = pairwise_sum([acc_mn[r, c] * weight(r, c) + acc_mn[r, c + 1] * weight(r, c + 1)
+                                         for c in range(0, n_cols, 2)])
+            row_sum[r] = row_sum[r] * self._exp2(prev - safe, fastmath=True) + tile_sum
             row_max[r] = new
 
     @cute.jit
@@ -225,7 +318,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
                         cute.copy(tma_k, tKgK[None, nb], tKsK[None, kv_state.index],
                                   tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
                         kv_state.advance()
-                    tile = claim_next_tile(mCounter)
+                    tile = claim_next_tile(mCounter, total)
                     publish_tile(tile_pipe, tile_state, sTile, tile)
                     tile_state.advance()
         else:
@@ -269,7 +362,11 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
                 sTk = cute.make_tensor(sT.iterator + tbl_fill.index * (CTA_TABLE // 2),
                                        cute.make_layout(CTA_TABLE // 2))
                 tbl_pipe.producer_acquire(tbl_fill)
-                cta = fill_cta_table(sTk, ctid, CONSUMERS * WG, W, L, mBias, h, BM, BN, self.causal, CTA_TABLE // 2)
+                tag = cutlass.Float32(tile) + 0.5
+                if cutlass.const_expr(EXP_BAND):
+                    cta = fill_exp_table(sTk, ctid, CONSUMERS * WG, W, L, mBias, h, BM, BN, self.causal, tag)
+                else:
+                    cta = fill_cta_table(sTk, ctid, CONSUMERS * WG, W, L, mBias, h, BM, BN, self.causal, FLAG)
                 tbl_pipe.producer_commit(tbl_fill)
                 tbl_fill.advance()
                 q_pipe.consumer_wait(q_state)
@@ -283,9 +380,17 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
                 if n_blocks == 0:
                     q_pipe.consumer_release(q_state)
 
+                flagged = cutlass.Boolean(False)
                 for nb in cutlass.range(n_blocks, unroll=1):
                     n0 = nb * BN
-                    tbl, span, fills = tile_table(sTk, cta, fills, not keys_free(m0, n0, lb, W, BM, BN, self.causal),
+                    needed = not keys_free(m0, n0, lb, W, BM, BN, self.causal)
+                    whole = cta.whole
+                    if cutlass.const_expr(EXP_BAND):
+                        if needed and cta.whole:  # the exp table's range flag (CTA-uniform): per-tile tables if set
+                            tbl_pipe.consumer_wait(tbl_read)
+                            flagged = sTk[FLAG] == tag
+                        whole = cta.whole and not flagged
+                    tbl, span, fills = tile_table(sTk, CtaTable(whole, cta.d_first, cta.entries), fills, needed,
                                                   ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
                                                   CONSUMER_BARRIER, CONSUMERS * WG)
                     seen = True
@@ -305,8 +410,8 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
                         free, masked = tile_class(wm0, n0, lb, W, WM, BN, self.causal)
                         if not free:
                             tbl_pipe.consumer_wait(tbl_read)  # the tile's table complete
-                        self._sweep1_rows(acc_S_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, row_max,
-                                          row_sum)
+                        self._sweep1_rows(acc_S_mn, free, masked, span, tScS_mn, tbl, m0, wm0, n0, lb, sc2, row_max,
+                                          row_sum, whole if cutlass.const_expr(EXP_BAND) else False)
                 q_state.advance()
                 tbl_pipe.consumer_release(tbl_read)
                 tbl_read.advance()

@@ -173,13 +173,17 @@ def receive_tile(pipe, state, sTile):
 
 
 @cute.jit
-def claim_next_tile(mCounter):
-    """Producer warp (every lane): the next tile of this persistent CTA, gridDim.x + a ticket from the launch's
-    zeroed counter ``mCounter`` [1] int32 (tiles run in index order as CTAs free up, like the hardware's own CTA
-    scheduling of a :func:`grid_dims` grid)."""
+def claim_next_tile(mCounter, total):
+    """Producer warp (every lane): the next tile of this persistent CTA, gridDim.x + a ticket from the counter
+    ``mCounter`` [1] int32, zero at the launch (tiles run in index order as CTAs free up, like the hardware's own CTA
+    scheduling of a :func:`grid_dims` grid). Every CTA claims once past its last tile, so the launch hands out the
+    tickets 0 .. ``total`` - 1 (``total`` tiles, the grid min(SMs, total)); the CTA drawing the last sets the
+    counter back to zero for the next launch on the stream, which needs no fill."""
     ticket = cutlass.Int32(0)
     if cute.arch.lane_idx() == 0:
         ticket = cute.arch.atomic_add(mCounter.iterator, cutlass.Int32(1))
+        if ticket == total - 1:
+            mCounter[0] = cutlass.Int32(0)
     ctas, _, _ = cute.arch.grid_dim()
     return cute.arch.shuffle_sync(ticket, 0) + ctas
 
@@ -280,11 +284,16 @@ def tma_views(tma, smem, gmem, tile_modes: int = 2):
                                  cute.group_modes(gmem, 0, tile_modes))
 
 
-def pairwise_sum(vals):
-    """The sum of a list of traced scalars as a balanced tree (log2(n) dependent adds instead of n), fixed order."""
+def pairwise_reduce(vals, op):
+    """``op`` over a list of traced scalars as a balanced tree (log2(n) dependent steps instead of n), fixed order."""
     while len(vals) > 1:
-        vals = [vals[i] + vals[i + 1] for i in range(0, len(vals) - 1, 2)] + vals[len(vals) - len(vals) % 2:]
+        vals = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)] + vals[len(vals) - len(vals) % 2:]
     return vals[0]
+
+
+def pairwise_sum(vals):
+    """The sum of a list of traced scalars as a balanced tree (:func:`pairwise_reduce`)."""
+    return pairwise_reduce(vals, lambda a, b: a + b)
 
 
 @cute.jit

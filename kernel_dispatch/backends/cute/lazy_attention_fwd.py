@@ -9,6 +9,10 @@ import functools
 
 import torch
 
+# |log2-domain bias| up to which lse_sm90 folds a band tile as exp2(q.k scale - max) * exp2(bias) from a table of
+# exp2(bias); a head with a bias past it takes per-tile tables of the log2-domain bias (the kernel's docstring).
+EXP_RANGE = 32.0
+
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of CUDA ``device`` (the CTA count of a persistent kernel)."""
@@ -18,6 +22,40 @@ def sm_count(device: torch.device) -> int:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _reusable(device: torch.device) -> bool:
+    """Whether a call on ``device`` may take the launcher's kept tensors: a CUDA device, no CUDA graph being captured
+    on the current stream (a tensor created in the capture's private memory pool must not outlive it)."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def _full_lengths(device: torch.device, B: int, L: int) -> torch.Tensor:
+    """[B] int32 of L on ``device``, which the kernels only read: one tensor per (device, B, L) where reusable."""
+    if not _reusable(device):
+        return torch.full((B,), L, dtype=torch.int32, device=device)
+    return _kept_full_lengths(device.index if device.index is not None else torch.cuda.current_device(), B, L)
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_full_lengths(device_index: int, B: int, L: int) -> torch.Tensor:
+    return torch.full((B,), L, dtype=torch.int32, device=torch.device("cuda", device_index))
+
+
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    """[2] int32 zeros on ``device``, one per persistent kernel. Each kernel's last tile claim sets its counter back
+    to zero (``_tiles.claim_next_tile``), so where reusable one pair per (device, stream) serves every call on that
+    stream, the calls running in stream order."""
+    if not _reusable(device):
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device)
+    key = (stream.device_index, stream.cuda_stream)
+    if key not in _KEPT_COUNTERS:
+        _KEPT_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _KEPT_COUNTERS[key]
+
+
+_KEPT_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -32,20 +70,22 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     q [B, H, L, D], k/v [B, Hkv, L, D] fp16/bf16 CUDA; bias [H, W], tau [H]; lengths [B] int or None.
     """
     B, H, L, D = q.shape
-    if scale < 0:  # the kernel takes its row max on unscaled q.k (needs scale >= 0); q.k * scale = (-q).k * -scale
+    if scale < 0:  # the kernels take the row max on unscaled q.k (need scale > 0); q.k * scale = (-q).k * -scale
         q, scale = -q, -scale
+    elif scale == 0:  # (q * 0).k keeps a non-finite q's NaN, as q.k * 0 does
+        q, scale = q * 0, 1.0
     qc, kc, vc = _rows(q), _rows(k.to(q.dtype)), _rows(v.to(q.dtype))
     bias32 = bias.to(device=q.device, dtype=torch.float32).contiguous()
     tau32 = tau.to(device=q.device, dtype=torch.float32).contiguous()
     if lengths is None:
-        lens = torch.full((B,), L, dtype=torch.int32, device=q.device)
+        lens = _full_lengths(q.device, B, L)
     else:
         lens = lengths.to(device=q.device, dtype=torch.int32).clamp(0, L).contiguous()
     lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
     o = torch.empty(B, H, L, D, dtype=q.dtype, device=q.device)
     if B == 0 or H == 0 or L == 0:
         return o, lse
-    counters = torch.zeros(2, dtype=torch.int32, device=q.device)  # one per kernel: its CTAs' tile tickets
+    counters = _tile_counters(q.device)  # one per kernel: its CTAs' tile tickets
     ctas = sm_count(q.device)
     with torch.cuda.device(q.device):
         kernel("lse_sm90")(qc, kc, bias32, lens, lse, counters[0:1], ctas, float(scale))
