@@ -8,10 +8,10 @@ exponential stream, as long as its GEMMs, hides under neither; ``lse_sm90`` runs
 
 Persistent: one CTA per SM (three warpgroups, 384 threads) takes tiles, a tile being (query block of BM = 128 rows,
 head, batch) in grid order (heads fastest, then blocks longest first, then the batch: ``_tiles.tile_coords``), the
-first its CTA index, each next one gridDim.x + a ticket from the call's zeroed counter as the CTA frees up; the next
-tile's Q and first K / V tiles load under the current tile's last ones, its bias table is filled while the current
-one runs, and the per-tile prologue (LSE loads) and O stores overlap the other warpgroup's work instead of a new
-CTA's launch.
+first its CTA index, each next one gridDim.x + a ticket from the call's counter (``_tiles.claim_next_tile``) as the
+CTA frees up; the next tile's Q and first K / V tiles load under the current tile's last ones, its bias table is
+filled while the current one runs, and the per-tile prologue (LSE loads) and O stores overlap the other warpgroup's
+work instead of a new CTA's launch.
 
 - warpgroup 0, the producer: its warp 0 claims the tiles (publishing each index through the tile pipe) and issues
   every TMA load (setmaxnreg down to 24 registers). Per tile, Q into sQ as

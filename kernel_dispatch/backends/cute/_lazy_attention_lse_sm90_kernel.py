@@ -7,7 +7,8 @@ forward's two consumer warpgroups (one warp per scheduler each) neither hides un
 warpgroups share the SM, so each scheduler has four warps to issue from.
 
 Persistent like ``fwd_sm90``: one CTA per SM (five warpgroups, 640 threads) takes tiles (query block of BM = 256
-rows, head, batch) in grid order, the next one gridDim.x + a ticket from the call's zeroed counter.
+rows, head, batch) in grid order, the next one gridDim.x + a ticket from the call's counter
+(``_tiles.claim_next_tile``).
 
 - warpgroup 0, the producer: its warp 0 claims the tiles (the tile pipe) and issues every TMA load (setmaxnreg down
   to 24 registers): per tile, Q into sQ as four quarters [WM = 64, D] (four TMA copies completing one barrier of the
