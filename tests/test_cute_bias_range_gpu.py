@@ -5,7 +5,7 @@ one head per bias range: the usual, wide but inside the range, past it, and a di
 import pytest
 import torch
 
-from kernel_dispatch.backends.cute.lazy_attention_fwd import EXP_RANGE
+from kernel_dispatch.backends.cute._exp_band import EXP_RANGE
 from kernel_dispatch.ops.lazy_attention_cases import away_from_kink
 from kernel_dispatch.testing.matrix import Inputs, check_backend, run, upcast, why_not
 

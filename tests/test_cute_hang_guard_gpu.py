@@ -30,7 +30,7 @@ for B, H, Hkv, L, lens in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(D)
             q, k, v = (torch.randn(B, h, L, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
                        for h in (H, Hkv, Hkv))
-            # a bias past the LSE kernel's exp range (lazy_attention_fwd.EXP_RANGE) sends it to per-tile tables
+            # a bias past the LSE kernel's exp range (_exp_band.EXP_RANGE) sends it to per-tile tables
             bias = torch.full((H, 40), 30.0 if (D == 64) == causal else 0.0, device="cuda", requires_grad=True)
             tau = torch.full((H,), -1.0, device="cuda", requires_grad=True)
             lengths = None if lens is None else torch.tensor(lens, device="cuda")

@@ -23,7 +23,7 @@ rows, head, batch) in grid order, the next one gridDim.x + a ticket from the cal
   get scale > 0 (the launcher maps a negative or zero scale onto q), so q.k * scale keeps -inf. A tile no row of
   the warpgroup sees (causal: its first key after the warpgroup's last row) is released without a GEMM.
   Exp-domain band folds need every log2-domain bias of the head's table within +-EXP_RANGE
-  (``lazy_attention_fwd``): the row max is then the scores' without the bias, at most EXP_RANGE from the row's, so
+  (``_exp_band``): the row max is then the scores' without the bias, at most EXP_RANGE from the row's, so
   the fp32 sum neither overflows nor loses a term that matters (an exp2 flushed to 0 below 2^-126 weighs at most
   2^(2 EXP_RANGE - 126) of the row's largest term). A table with a bias outside (or NaN) carries its fill's tag in
   entry FLAG, and that tile's band tiles take per-tile tables of the log2-domain bias with the forward's
@@ -67,7 +67,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from . import _lazy_attention_fwd_sm90_kernel as fwd_module
 from ._kernel_key import KernelKey
 from ._lazy_attention_fwd_sm90_kernel import LazyAttentionFwdSm90
-from .lazy_attention_fwd import EXP_RANGE
+from ._exp_band import EXP_RANGE
 from ._tiles import (DSL_DTYPES, FILL_BATCH, LOG2E, SCHEDULE_STAGES, WG, CtaTable, acc_mn_view, bias_at,
                      claim_next_tile, compile_kernel, cta_table_extent, fake_rows, fill_cta_table, keys_free,
                      load_row_block, pairwise_reduce, pairwise_sum, persistent_dims, persistent_grid,

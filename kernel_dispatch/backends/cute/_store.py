@@ -34,7 +34,7 @@ KERNEL_MODULES = {"fwd_sm90": "_lazy_attention_fwd_sm90_kernel", "lse_sm90": "_l
                   "dq_sm90": "_lazy_attention_dq_sm90_kernel", "dkdv_sm90": "_lazy_attention_dkdv_sm90_kernel"}
 KERNEL_SOURCES = {kernel: (f"{module}.py",) for kernel, module in KERNEL_MODULES.items()}
 KERNEL_SOURCES["lse_sm90"] += ("_lazy_attention_fwd_sm90_kernel.py",  # its row folds are the forward's
-                               "lazy_attention_fwd.py")  # EXP_RANGE
+                               "_exp_band.py")
 COMMON_SOURCES = ("_kernel_key.py", "_tiles.py")
 BUILD_COMMAND = "python -m kernel_dispatch.backends.cute.build"
 

@@ -9,10 +9,6 @@ import functools
 
 import torch
 
-# |log2-domain bias| up to which lse_sm90 folds a band tile as exp2(q.k scale - max) * exp2(bias) from a table of
-# exp2(bias); a head with a bias past it takes per-tile tables of the log2-domain bias (the kernel's docstring).
-EXP_RANGE = 32.0
-
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of CUDA ``device`` (the CTA count of a persistent kernel)."""
