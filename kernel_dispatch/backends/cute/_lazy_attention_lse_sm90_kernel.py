@@ -85,7 +85,7 @@ ARGS = {
         "lse fp32 [B,H,L] (written, natural log)",
         "counter int32 [1] (zero; the persistent CTAs' tile tickets, zero again at the end)",
         "ctas int (python scalar: CTAs to launch, the SM count)",
-        "scale float (python scalar, >= 0)",
+        "scale float (python scalar, > 0: the launcher maps a negative or zero scale onto q)",
     ]
 }
 

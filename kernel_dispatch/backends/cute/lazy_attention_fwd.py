@@ -20,38 +20,35 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _reusable(device: torch.device) -> bool:
-    """Whether a call on ``device`` may take the launcher's kept tensors: a CUDA device, no CUDA graph being captured
-    on the current stream (a tensor created in the capture's private memory pool must not outlive it)."""
-    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+def _kept(device: torch.device, what: tuple, make) -> torch.Tensor:
+    """The tensor ``make()`` gives, kept per (device, current stream, ``what``) and made with that stream current, so
+    that dropping one (past KEPT_PER_STREAM of a stream) frees it in that stream's order. Fresh each call off CUDA or
+    while a CUDA graph is being captured (a tensor of the capture's private memory pool must not outlive it)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    stream = torch.cuda.current_stream(device)
+    kept = _KEPT.setdefault((stream.device_index, stream.cuda_stream), {})
+    if what not in kept:
+        if len(kept) >= KEPT_PER_STREAM:
+            kept.pop(next(iter(kept)))
+        kept[what] = make()
+    return kept[what]
+
+
+KEPT_PER_STREAM = 64
+_KEPT: dict[tuple[int, int], dict[tuple, torch.Tensor]] = {}
 
 
 def _full_lengths(device: torch.device, B: int, L: int) -> torch.Tensor:
-    """[B] int32 of L on ``device``, which the kernels only read: one tensor per (device, B, L) where reusable."""
-    if not _reusable(device):
-        return torch.full((B,), L, dtype=torch.int32, device=device)
-    return _kept_full_lengths(device.index if device.index is not None else torch.cuda.current_device(), B, L)
-
-
-@functools.lru_cache(maxsize=64)
-def _kept_full_lengths(device_index: int, B: int, L: int) -> torch.Tensor:
-    return torch.full((B,), L, dtype=torch.int32, device=torch.device("cuda", device_index))
+    """[B] int32 of L on ``device`` (the kernels only read it), kept per (B, L) by :func:`_kept`."""
+    return _kept(device, ("lengths", B, L), lambda: torch.full((B,), L, dtype=torch.int32, device=device))
 
 
 def _tile_counters(device: torch.device) -> torch.Tensor:
-    """[2] int32 zeros on ``device``, one per persistent kernel. Each kernel's last tile claim sets its counter back
-    to zero (``_tiles.claim_next_tile``), so where reusable one pair per (device, stream) serves every call on that
-    stream, the calls running in stream order."""
-    if not _reusable(device):
-        return torch.zeros(2, dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device)
-    key = (stream.device_index, stream.cuda_stream)
-    if key not in _KEPT_COUNTERS:
-        _KEPT_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _KEPT_COUNTERS[key]
-
-
-_KEPT_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+    """[2] int32 zeros on ``device``, one per persistent kernel, kept by :func:`_kept`: each kernel's last tile claim
+    sets its counter back to zero (``_tiles.claim_next_tile``), so one pair serves every call on a stream, the calls
+    running in stream order."""
+    return _kept(device, ("counters",), lambda: torch.zeros(2, dtype=torch.int32, device=device))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
