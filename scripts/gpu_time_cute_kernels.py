@@ -12,7 +12,10 @@ largest difference of each output, against its largest magnitude), then
 times each kernel by CUDA events around ``--calls`` back-to-back launches (warm L2, launch overhead hidden), stores in
 a shuffled order each round, with cuDNN's forward and forward+backward (plain causal attention) in the same rounds.
 It prints the minimum and the median over the rounds of the per-launch mean. The stores' source hashes are not
-checked: the kernels are loaded directly.
+checked: the kernels are loaded directly. "bwd" times dq_sm90 then dkdv_sm90 back to back, as the launcher runs them
+(the second a dependent launch of the first). A persistent kernel gets one counter per store, which its last tile
+claim sets back to zero, so no fill runs between lse_sm90 and fwd_sm90 (a store whose kernels leave their counter
+set gets a zeroed one per call, and the script says so).
 """
 import argparse
 import json
@@ -27,7 +30,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 KERNELS = ("fwd_sm90", "dq_sm90", "dkdv_sm90")
 OUTPUTS = ("o", "lse", "dq", "delta", "dk", "dv", "partial")
-WRITTEN_BY = {"fwd": ("o", "lse"), "dq": ("dq", "delta"), "dkdv": ("dk", "dv", "partial")}  # (the rest: unset)
+WRITTEN_BY = {"fwd": ("o", "lse"), "dq": ("dq", "delta"), "dkdv": ("dk", "dv", "partial"),
+              "bwd": ("dq", "delta", "dk", "dv", "partial")}  # (the rest: unset)
 
 
 def load_runtime():
@@ -74,30 +78,37 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
     o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
     partial = torch.zeros(B, H, L // 64, 2 * min(W, L) - 1, device="cuda")  # (causal needs min(W, L) of it)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    calls_of = {}
+    calls_of, counters_of, forward_of = {}, {}, {}
     for tag, d in stores.items():
         f = {n: tvm_ffi.load_module(f"{d}/kd_lazy_attention_{n}_d{D}_bfloat16_causal.so")[
             f"kd_lazy_attention_{n}_d{D}_bfloat16_causal"] for n in KERNELS}
-        # a persistent kernel (its sidecar's arguments name a counter) takes a zeroed counter and the SM count too
-        tail = {n: ((lambda: torch.zeros(1, dtype=torch.int32, device="cuda")), sms) if persistent(d, n, D) else ()
+        # a persistent kernel (its sidecar's arguments name a counter) takes a counter and the SM count too: one
+        # zeroed counter per store and kernel, which the kernel's last tile claim sets back to zero (no fill between
+        # lse_sm90 and fwd_sm90, as the launcher runs them)
+        tail = {n: (torch.zeros(1, dtype=torch.int32, device="cuda"), sms) if persistent(d, n, D) else ()
                 for n in ("fwd_sm90", "lse_sm90")}
-        extra = {n: (lambda t=t: (t[0](), t[1]) if t else ()) for n, t in tail.items()}
+        extra = {n: (lambda t=t: t) for n, t in tail.items()}
+        counters_of[tag] = (tail, extra)
         fwd = (lambda f=f, x=extra: f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, *x["fwd_sm90"](), scale))
         lse_so = f"{d}/kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal.so"
         if os.path.exists(lse_so):  # the forward in two kernels: lse_sm90, then fwd_sm90 from its LSE
             f["lse_sm90"] = tvm_ffi.load_module(lse_so)[f"kd_lazy_attention_lse_sm90_d{D}_bfloat16_causal"]
             fwd = (lambda f=f, x=extra: (f["lse_sm90"](q, k, bias, lens, lse, *x["lse_sm90"](), scale),
                                          f["fwd_sm90"](q, k, v, bias, tau, lens, lse, o, *x["fwd_sm90"](), scale)))
+        forward_of[tag] = fwd
         calls_of[tag] = {
             "fwd": fwd,
             "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
             "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
         }
+        calls_of[tag]["bwd"] = lambda c=calls_of[tag]: (c["dq"](), c["dkdv"]())  # as the launcher runs them
         if "lse_sm90" in f and "fwd" in kernels:  # its first kernel alone too
             calls_of[tag]["lse"] = lambda f=f, x=extra: f["lse_sm90"](q, k, bias, lens, lse, *x["lse_sm90"](), scale)
         calls_of[tag] = {n: fn for n, fn in calls_of[tag].items() if n in kernels or n == "lse"}
     outs = {}
     written = dict(zip(OUTPUTS, (o, lse, dq, delta, dk, dv, partial)))
+    if "fwd" not in kernels:  # the backward kernels read O and the LSE: the first store's forward writes them once
+        forward_of[next(iter(stores))]()
     for tag, c in calls_of.items():
         partial.zero_()
         for name in (n for k in kernels for n in WRITTEN_BY[k] if n != "partial"):
@@ -105,6 +116,11 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
         for fn in c.values():  # in fwd, dq, dkdv order: each reads what the one before wrote
             fn()
         torch.cuda.synchronize()
+        tail, extra = counters_of[tag]
+        for n, t in tail.items():
+            if t and t[0].item() != 0:  # kernels that leave their counter at the tile count: a zeroed one per call
+                print(f"{tag}: {n} does not reset its counter; a zeroed counter per call", flush=True)
+                extra[n] = lambda: (torch.zeros(1, dtype=torch.int32, device="cuda"), sms)
         outs[tag] = [t.clone() for t in (o, lse, dq, delta, dk, dv, partial)]
     first = next(iter(outs))
     for tag, got in outs.items():
@@ -157,7 +173,8 @@ def main():
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--calls", type=int, default=20, help="back-to-back launches per timing")
     p.add_argument("--W", type=int, default=512, help="bias length (distances with a learned bias)")
-    p.add_argument("--kernels", default="fwd,dq,dkdv", help="comma list of the kernels to time (fwd, dq, dkdv)")
+    p.add_argument("--kernels", default="fwd,dq,dkdv",
+                   help="comma list of the kernels to time (fwd, dq, dkdv; bwd: dq then dkdv)")
     a = p.parse_args()
     if a.W < 1:
         p.error(f"--W: expected a bias length >= 1, got {a.W}")

@@ -55,6 +55,12 @@ def test_forward_and_backward_launch_as_declared(recorded, lengths, causal):
                                                                           if name == "fwd_sm90"]
     assert all(c.shape == (1,) and c.item() == 0 for c in counters)  # each persistent kernel gets a zeroed counter
     assert counters[0].data_ptr() != counters[1].data_ptr()
+    lens_index = {"lse_sm90": 3, "fwd_sm90": 5, "dq_sm90": 8, "dkdv_sm90": 8}  # the lengths in each kernel's ARGS
+    for name, args in calls:
+        assert importlib.import_module(f"kernel_dispatch.backends.cute.{KERNEL_MODULES[name]}").ARGS[name][
+            lens_index[name]].split()[0] in ("lengths", "lens")
+        expect = [L] * B if lengths is None else lengths
+        assert args[lens_index[name]].tolist() == expect, name
     partial = next(args[11] for name, args in calls if name == "dkdv_sm90")
     assert partial.shape == (B, H, 1, min(W, L) if causal else 2 * min(W, L) - 1)  # entries per distance
     assert dbias.shape == (H, W)

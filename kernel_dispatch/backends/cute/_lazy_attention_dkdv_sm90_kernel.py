@@ -2,7 +2,11 @@
 partials, on Hopper's own machinery (TMA, wgmma, warp specialisation). B=4 H=16 L=4096 bf16 causal W=512 on an
 H100: 1.19 ms at D=128, 0.90 ms at D=64 (the SM80-style kernel it replaced: 2.20 and 1.46 ms; docs/cute-backend.md).
 
-One CTA per (key block of BN = 128 keys, kv head, batch), three warpgroups (384 threads):
+One CTA per (key block of BN = 128 keys, kv head, batch), three warpgroups (384 threads), launched as a
+programmatic dependent of ``dq_sm90`` (DEPENDENT_LAUNCH): a CTA may start while ``dq_sm90``'s last CTAs run; its
+producer loads K and V, then waits for ``dq_sm90``'s grid to end (griddepcontrol.wait) before the first Q / dO /
+LSE / Delta stage, so every read of Delta, and every computation and store, follows ``dq_sm90``'s writes (it writes
+nothing ``dq_sm90`` reads):
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24 registers). K and V of the
   block once (each as two halves [WN = 64, D], four copies completing the one barrier of the KV pipeline), then for
@@ -104,6 +108,9 @@ TABLE = 128  # entries of one bias-by-diagonal table (BM + WN - 1 used)
 WG_BARRIER = 1  # named barriers 1 and 2: one per consumer warpgroup (128 threads)
 # measurement switch (wrong results; docs/cute-backend.md): "no_dbias" skips the dbias partials of band tiles
 ABLATE = ""
+# programmatic dependent launch after dq_sm90 (which triggers it at each CTA's start): this kernel's CTAs start as
+# dq_sm90's last ones run and load K and V; the producer waits for dq_sm90's grid before the first Delta (and Q, dO)
+DEPENDENT_LAUNCH = True
 
 
 class LazyAttentionDkdvSm90(HopperKernel):
@@ -165,7 +172,7 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     tma_l, tma_l_t, tma_d, tma_d_t, mBias, mTau, mLens, mdK, mdV, mPart, L, scale,
                     sKV_layout, sQ_layout, sQt_layout, sVec_layout, sDsb_layout, SharedStorage).launch(
             grid=grid_dims((LP + BN - 1) // BN, mK.shape[1], mK.shape[0]), block=[NUM_THREADS, 1, 1],
-            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
+            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1, use_pdl=DEPENDENT_LAUNCH)
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
@@ -261,6 +268,8 @@ class LazyAttentionDkdvSm90(HopperKernel):
                     cute.copy(tma_v, tVgV[None, 2 * kb + half], tVsV[None, half],
                               tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
                 st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                if cutlass.const_expr(DEPENDENT_LAUNCH):  # dq_sm90's Delta complete and visible (its grid has ended)
+                    cute.arch.griddepcontrol_wait()
                 for it in cutlass.range(total, unroll=1):
                     g = it // n_q
                     h = hk * groups + g

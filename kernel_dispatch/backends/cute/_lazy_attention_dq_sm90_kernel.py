@@ -12,7 +12,9 @@ exact). Rows that see exactly one key (causal row 0, or lengths[b] == 1) have dS
 0 (unless Delta is not finite), and their P is 1 exactly (``_tiles.one_key_row``). Per tile: 4 GEMMs (S = Q K^T,
 dA = dO V^T, X += T K, Y += P K) and one exponential pass.
 
-One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads):
+One CTA per (query block of BM = 128 rows, head, batch), three warpgroups (384 threads). Each CTA triggers the
+dependent launch of ``dkdv_sm90`` at its start (griddepcontrol.launch_dependents), so that grid's CTAs start as
+this one's last CTAs run.
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24). Q and dO once (two halves
   [WM = 64, D] each; four TMA copies completing the one barrier of the QdO pipeline), then K(0), V(0), K(1), V(1),
@@ -213,6 +215,7 @@ class LazyAttentionDqSm90(HopperKernel):
         D = self.D
         dt = self.dtype
         tidx, warp_idx, wg_idx = thread_roles()
+        cute.arch.griddepcontrol_launch_dependents()  # dkdv_sm90's CTAs may start as this grid's last ones run
         LP = mdQ.shape[2]
         H = mdQ.shape[1]
         bx, h, b, hk = query_grid_block(H, tma_k_t.shape[2])

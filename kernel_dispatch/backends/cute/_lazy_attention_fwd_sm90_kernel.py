@@ -20,6 +20,11 @@ work instead of a new CTA's launch.
   V(nb - 1) for nb = 1 .. n - 1, then V(n - 1). A K tile and a V tile have the same byte size, so they share one
   ring (a V stage is the same bytes seen through V's MN-major swizzled layout). Its warps 1..3, the table fillers,
   take each tile index too and fill the tile's bias table a tile ahead (``_tiles.fill_tables_ahead``).
+- Launch: a programmatic dependent launch (DEPENDENT_LAUNCH) of ``lse_sm90``, which triggers it at its CTAs'
+  start: this kernel's CTAs start on the SMs ``lse_sm90``'s CTAs leave as its tiles run out, their producer and
+  table fillers load the first tile and its table, and the consumers wait (griddepcontrol.wait: ``lse_sm90``'s grid
+  ended, its LSE visible) before their first LSE read. Nothing else here reads what ``lse_sm90`` writes, and it
+  reads nothing this kernel writes.
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns one half of the query rows (64) with its own
   wgmma tiled MMA (m64nBNk16 for S = Q K^T, both operands in shared memory; m64nDk16 for O += A V with A from
   registers, the fp32 S accumulator converted to the A-operand fragment, and V^T in shared memory). Ping-pong
@@ -148,6 +153,9 @@ TABLE = 256  # entries of one bias-by-diagonal table (BM + BN - 1 used)
 CTA_TABLE = 8192  # entries of the CTA's two tables (tile parities) over every distance a tile sees (where they fit)
 CONSUMER_BARRIER = 1  # named barrier id of the 256 consumer threads (0 is __syncthreads)
 PINGPONG = True  # the two consumer warpgroups take turns issuing wgmma
+# programmatic dependent launch after lse_sm90 (which triggers it at its start): this kernel's CTAs start on the SMs
+# lse_sm90's CTAs leave, load their first tiles and tables, and the consumers wait for lse_sm90's grid before any LSE
+DEPENDENT_LAUNCH = True
 # measurement switch (wrong results; docs/cute-backend.md): "no_exp" makes every exp2 of a tile a copy of its
 # argument, "no_gemm" issues no wgmma (barriers, turns and waits unchanged), "loads_only" also skips the row work
 # (what is left: the TMA loads, pipelines, turns and table fills), "half_loads" / "no_loads" skip every other K / V
@@ -197,7 +205,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         self.kernel(qk_mma, qk_rest, pv_mma, tma_q, tma_q_t, tma_k, tma_k_t, tma_v, tma_v_t, mBias, mTau, mLens, mLSE,
                     mO, mCounter, scale, sQ_layout, sK_layout, sV_layout, SharedStorage).launch(
             grid=persistent_grid(ctas, n_mblocks, mQ.shape[1], mQ.shape[0]), block=[NUM_THREADS, 1, 1],
-            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
+            smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1, use_pdl=DEPENDENT_LAUNCH)
 
     # ------------------------------------------------------------------ helpers
     def _qkv_smem(self, storage, sQ_layout, sK_layout, sV_layout):
@@ -487,6 +495,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         tbl_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
         tile = receive_tile(tile_pipe, tile_state, sTile)
         tile_state.advance()
+        if cutlass.const_expr(DEPENDENT_LAUNCH):  # lse_sm90's LSE complete and visible (its grid has ended)
+            cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(PINGPONG):
             if wg == 1:  # warpgroup 0 takes the first turn; the turns go on across the CTA's tiles
                 cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER, number_of_threads=2 * WG)

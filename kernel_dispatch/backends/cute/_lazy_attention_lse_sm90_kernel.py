@@ -8,7 +8,9 @@ warpgroups share the SM, so each scheduler has four warps to issue from.
 
 Persistent like ``fwd_sm90``: one CTA per SM (five warpgroups, 640 threads) takes tiles (query block of BM = 256
 rows, head, batch) in grid order, the next one gridDim.x + a ticket from the call's counter
-(``_tiles.claim_next_tile``).
+(``_tiles.claim_next_tile``). Every CTA triggers the dependent launch of ``fwd_sm90`` at its start
+(griddepcontrol.launch_dependents): its CTAs take the SMs this grid's CTAs leave and wait for this grid's end before
+reading the LSE.
 
 - warpgroup 0, the producer: its warp 0 claims the tiles (the tile pipe) and issues every TMA load (setmaxnreg down
   to 24 registers): per tile, Q into sQ as four quarters [WM = 64, D] (four TMA copies completing one barrier of the
@@ -285,6 +287,7 @@ class LazyAttentionLseSm90(LazyAttentionFwdSm90):
         BM = WM * CONSUMERS
         tidx, warp_idx, wg_idx = thread_roles()
         L, H, B, Hkv, W, n_mblocks, total = persistent_dims(mLSE, tma_k_t, mBias, BM)
+        cute.arch.griddepcontrol_launch_dependents()  # fwd_sm90 may start on the SMs this grid's CTAs leave
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)

@@ -3,7 +3,8 @@
 Two Hopper kernels: ``dq_sm90`` (``_lazy_attention_dq_sm90_kernel``, query-major, one sweep: the row constants
 D0 = rowsum(dO * O) in its prologue, then Delta, the dtau row terms Rdiv = (1/i) sum_n Mk dA and dQ) then ``dkdv_sm90``
 (``_lazy_attention_dkdv_sm90_kernel``, key-major: dK, dV summed over the GQA heads in a fixed order, and per-64-key
-block dbias partials). dbias and dtau are fixed-order fp32 sums of those partials here (one reduction kernel each), so
+block dbias partials), a programmatic dependent launch of ``dq_sm90`` (its CTAs start as ``dq_sm90``'s last ones
+run). dbias and dtau are fixed-order fp32 sums of those partials here (one reduction kernel each), so
 every output is bitwise reproducible (no atomics).
 
 The kernels read rows in whole 64-row tiles: when L is not a multiple of 64, or lengths are given, q, k, v, dO are
@@ -11,6 +12,8 @@ copied into zero-filled buffers of LP = ceil(L / 64) * 64 rows with positions >=
 NaN included, never reaches a product); so is O, which only ``dq_sm90`` reads. Outputs are sliced back to L rows.
 """
 import torch
+
+from .lazy_attention_fwd import full_lengths
 
 TILE = 64
 
@@ -39,7 +42,7 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
     dev, dt = q.device, q.dtype
     LP = -(-L // TILE) * TILE
     if lengths is None:
-        lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+        lens = full_lengths(dev, B, L)
         pad_mask = None
     else:
         lens = lengths.to(device=dev, dtype=torch.int32).contiguous()

@@ -2,8 +2,10 @@
 
 Two kernels: ``lse_sm90`` (``_lazy_attention_lse_sm90_kernel``) writes each row's LSE, then ``fwd_sm90``
 (``_lazy_attention_fwd_sm90_kernel``) reads it and writes O. ``kernel(short_name)`` gives the loaded TVM FFI function
-for the current (head dim, dtype, causal); both run on torch's current stream (the TVM FFI environment stream). Both
-are persistent: one CTA per SM, each taking the next query block from a counter the call zeroes.
+for the current (head dim, dtype, causal); both run on torch's current stream (the TVM FFI environment stream), the
+second a programmatic dependent launch of the first (its CTAs start on the SMs the first one's leave). Both are
+persistent: one CTA per SM, each taking the next query block from a kept counter that the kernel's last claim sets
+back to zero.
 """
 import functools
 
@@ -39,7 +41,7 @@ KEPT_PER_STREAM = 64
 _KEPT: dict[tuple[int, int], dict[tuple, torch.Tensor]] = {}
 
 
-def _full_lengths(device: torch.device, B: int, L: int) -> torch.Tensor:
+def full_lengths(device: torch.device, B: int, L: int) -> torch.Tensor:
     """[B] int32 of L on ``device`` (the kernels only read it), kept per (B, L) by :func:`_kept`."""
     return _kept(device, ("lengths", B, L), lambda: torch.full((B,), L, dtype=torch.int32, device=device))
 
@@ -71,7 +73,7 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     bias32 = bias.to(device=q.device, dtype=torch.float32).contiguous()
     tau32 = tau.to(device=q.device, dtype=torch.float32).contiguous()
     if lengths is None:
-        lens = _full_lengths(q.device, B, L)
+        lens = full_lengths(q.device, B, L)
     else:
         lens = lengths.to(device=q.device, dtype=torch.int32).clamp(0, L).contiguous()
     lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
