@@ -6,7 +6,7 @@ import torch
 
 import kernel_dispatch as kd
 from kernel_dispatch import registry
-from kernel_dispatch.backends.cute import lazy_attention_fwd
+from kernel_dispatch.backends.cute import _kept
 
 pytestmark = pytest.mark.gpu
 
@@ -35,6 +35,6 @@ def test_repeated_calls_reuse_zeroed_counters():
             side.synchronize()
             assert torch.equal(o_side, o)
     torch.cuda.synchronize()
-    counters = [kept[("counters",)] for kept in lazy_attention_fwd._KEPT.values() if ("counters",) in kept]
+    counters = [store[("counters",)] for store in _kept._KEPT.values() if ("counters",) in store]
     assert len(counters) >= 2  # the default stream's pair and the side stream's
     assert all(int(c.abs().sum()) == 0 for c in counters)

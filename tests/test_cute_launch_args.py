@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from kernel_dispatch.backends.cute import lazy_attention_bwd, lazy_attention_fwd
+from kernel_dispatch.backends.cute import _kept, lazy_attention_bwd, lazy_attention_fwd
 from kernel_dispatch.backends.cute._store import KERNEL_MODULES
 
 DECLARED_DTYPES = {"fp32": (torch.float32,), "int32": (torch.int32,), "fp16/bf16": (torch.float16, torch.bfloat16)}
@@ -83,13 +83,13 @@ def test_forward_passes_the_kernels_a_positive_scale(recorded, scale):
 
 
 def test_kept_tensors_per_stream(monkeypatch):
-    """The forward launcher keeps its lengths and counters per (device, stream, key), at most KEPT_PER_STREAM per
+    """The launchers keep their lengths and counters per (device, stream, key), at most KEPT_PER_STREAM per
     stream (the oldest dropped in that stream's order), and makes fresh ones while a CUDA graph is being captured."""
     streams = {"now": 7}
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device: type("S", (), {"device_index": 0, "cuda_stream": streams["now"]})())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(lazy_attention_fwd, "_KEPT", {})
+    monkeypatch.setattr(_kept, "_KEPT", {})
     cuda = torch.device("cuda", 0)
     made = []
 
@@ -97,18 +97,18 @@ def test_kept_tensors_per_stream(monkeypatch):
         made.append(torch.zeros(1))
         return made[-1]
 
-    first = lazy_attention_fwd._kept(cuda, ("a",), make)
-    assert lazy_attention_fwd._kept(cuda, ("a",), make) is first and len(made) == 1
+    first = _kept.kept(cuda, ("a",), make)
+    assert _kept.kept(cuda, ("a",), make) is first and len(made) == 1
     streams["now"] = 8
-    assert lazy_attention_fwd._kept(cuda, ("a",), make) is not first  # another stream: its own
-    for i in range(lazy_attention_fwd.KEPT_PER_STREAM):
-        lazy_attention_fwd._kept(cuda, ("b", i), make)
-    assert ("a",) not in lazy_attention_fwd._KEPT[(0, 8)]  # the oldest of the stream dropped
-    assert len(lazy_attention_fwd._KEPT[(0, 8)]) == lazy_attention_fwd.KEPT_PER_STREAM
+    assert _kept.kept(cuda, ("a",), make) is not first  # another stream: its own
+    for i in range(_kept.KEPT_PER_STREAM):
+        _kept.kept(cuda, ("b", i), make)
+    assert ("a",) not in _kept._KEPT[(0, 8)]  # the oldest of the stream dropped
+    assert len(_kept._KEPT[(0, 8)]) == _kept.KEPT_PER_STREAM
     streams["now"] = 7
-    assert lazy_attention_fwd._kept(cuda, ("a",), make) is first
+    assert _kept.kept(cuda, ("a",), make) is first
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert lazy_attention_fwd._kept(cuda, ("a",), make) is not first  # a capture: fresh
+    assert _kept.kept(cuda, ("a",), make) is not first  # a capture: fresh
     count = len(made)
-    lazy_attention_fwd._kept(torch.device("cpu"), ("a",), make)
+    _kept.kept(torch.device("cpu"), ("a",), make)
     assert len(made) == count + 1  # off CUDA: fresh

@@ -13,7 +13,7 @@ NaN included, never reaches a product); so is O, which only ``dq_sm90`` reads. O
 """
 import torch
 
-from .lazy_attention_fwd import full_lengths
+from ._kept import full_lengths
 
 TILE = 64
 

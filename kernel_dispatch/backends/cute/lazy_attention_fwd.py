@@ -11,6 +11,8 @@ import functools
 
 import torch
 
+from ._kept import full_lengths, tile_counters
+
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of CUDA ``device`` (the CTA count of a persistent kernel)."""
@@ -20,37 +22,6 @@ def sm_count(device: torch.device) -> int:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _kept(device: torch.device, what: tuple, make) -> torch.Tensor:
-    """The tensor ``make()`` gives, kept per (device, current stream, ``what``) and made with that stream current, so
-    that dropping one (past KEPT_PER_STREAM of a stream) frees it in that stream's order. Fresh each call off CUDA or
-    while a CUDA graph is being captured (a tensor of the capture's private memory pool must not outlive it)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return make()
-    stream = torch.cuda.current_stream(device)
-    kept = _KEPT.setdefault((stream.device_index, stream.cuda_stream), {})
-    if what not in kept:
-        if len(kept) >= KEPT_PER_STREAM:
-            kept.pop(next(iter(kept)))
-        kept[what] = make()
-    return kept[what]
-
-
-KEPT_PER_STREAM = 64
-_KEPT: dict[tuple[int, int], dict[tuple, torch.Tensor]] = {}
-
-
-def full_lengths(device: torch.device, B: int, L: int) -> torch.Tensor:
-    """[B] int32 of L on ``device`` (the kernels only read it), kept per (B, L) by :func:`_kept`."""
-    return _kept(device, ("lengths", B, L), lambda: torch.full((B,), L, dtype=torch.int32, device=device))
-
-
-def _tile_counters(device: torch.device) -> torch.Tensor:
-    """[2] int32 zeros on ``device``, one per persistent kernel, kept by :func:`_kept`: each kernel's last tile claim
-    sets its counter back to zero (``_tiles.claim_next_tile``), so one pair serves every call on a stream, the calls
-    running in stream order."""
-    return _kept(device, ("counters",), lambda: torch.zeros(2, dtype=torch.int32, device=device))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -80,7 +51,7 @@ def forward(kernel, q, k, v, bias, tau, scale: float, lengths, causal: bool):
     o = torch.empty(B, H, L, D, dtype=q.dtype, device=q.device)
     if B == 0 or H == 0 or L == 0:
         return o, lse
-    counters = _tile_counters(q.device)  # one per kernel: its CTAs' tile tickets
+    counters = tile_counters(q.device)  # one per kernel: its CTAs' tile tickets
     ctas = sm_count(q.device)
     with torch.cuda.device(q.device):
         kernel("lse_sm90")(qc, kc, bias32, lens, lse, counters[0:1], ctas, float(scale))
