@@ -65,6 +65,13 @@ def persistent(store: str, kernel: str, D: int) -> bool:
     return os.path.exists(path) and any("counter" in a for a in json.load(open(path))["args"])
 
 
+def dq_writes_partial(store: str, D: int) -> bool:
+    """Whether the store's ``dq_sm90`` (bf16, causal, head dim D) takes Partial (zeroing its dbias columns, the Rdiv
+    block sums in its last column) instead of an Rdiv vector: its sidecar's arguments name it."""
+    path = f"{store}/kd_lazy_attention_dq_sm90_d{D}_bfloat16_causal.json"
+    return os.path.exists(path) and any(a.startswith("partial") for a in json.load(open(path))["args"])
+
+
 def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int,
                kernels=("fwd", "dq", "dkdv"), W: int = 512):
     H = 16
@@ -76,7 +83,8 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
     scale = 1 / math.sqrt(D)
     lse, delta, rdiv = (torch.empty(B, H, L, device="cuda") for _ in range(3))
     o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
-    partial = torch.zeros(B, H, L // 64, 2 * min(W, L) - 1, device="cuda")  # (causal needs min(W, L) of it)
+    # (causal needs min(W, L) of the 2 min(W, L) - 1 dbias entries; the last column: dq_sm90's Rdiv block sums)
+    partial = torch.zeros(B, H, L // 64, 2 * min(W, L), device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     calls_of, counters_of, forward_of = {}, {}, {}
     for tag, d in stores.items():
@@ -98,7 +106,8 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
         forward_of[tag] = fwd
         calls_of[tag] = {
             "fwd": fwd,
-            "dq": lambda f=f: f["dq_sm90"](q, k, v, do, lse, o, bias, tau, lens, dq, delta, rdiv, scale),
+            "dq": lambda f=f, r=partial if dq_writes_partial(d, D) else rdiv: f["dq_sm90"](
+                q, k, v, do, lse, o, bias, tau, lens, dq, delta, r, scale),
             "dkdv": lambda f=f: f["dkdv_sm90"](q, k, v, do, lse, delta, bias, tau, lens, dk, dv, partial, L, scale),
         }
         calls_of[tag]["bwd"] = lambda c=calls_of[tag]: (c["dq"](), c["dkdv"]())  # as the launcher runs them
@@ -121,7 +130,7 @@ def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls
             if t and t[0].item() != 0:  # kernels that leave their counter at the tile count: a zeroed one per call
                 print(f"{tag}: {n} does not reset its counter; a zeroed counter per call", flush=True)
                 extra[n] = lambda: (torch.zeros(1, dtype=torch.int32, device="cuda"), sms)
-        outs[tag] = [t.clone() for t in (o, lse, dq, delta, dk, dv, partial)]
+        outs[tag] = [t.clone() for t in (o, lse, dq, delta, dk, dv, partial[..., :-1])]  # (the dbias entries)
     first = next(iter(outs))
     for tag, got in outs.items():
         diffs = [f"{n} {(a.float() - b.float()).abs().max().item():.2e} of {b.float().abs().max().item():.1e}"

@@ -62,7 +62,9 @@ def test_forward_and_backward_launch_as_declared(recorded, lengths, causal):
         expect = [L] * B if lengths is None else lengths
         assert args[lens_index[name]].tolist() == expect, name
     partial = next(args[11] for name, args in calls if name == "dkdv_sm90")
-    assert partial.shape == (B, H, 1, min(W, L) if causal else 2 * min(W, L) - 1)  # entries per distance
+    # entries per distance, then the Rdiv block sums: dq_sm90 zeroes and writes the Partial dkdv_sm90 adds into
+    assert partial.shape == (B, H, 1, (min(W, L) if causal else 2 * min(W, L) - 1) + 1)
+    assert next(args[11] for name, args in calls if name == "dq_sm90") is partial
     assert dbias.shape == (H, W)
 
 

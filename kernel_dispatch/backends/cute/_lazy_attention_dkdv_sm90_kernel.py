@@ -64,10 +64,10 @@ mask Mk = [P + tau / i > 0] can differ between them only where P + tau / i is wi
 
 Layout (the launcher pads rows to LP, a multiple of ROW_MULTIPLE = 64, with zeros): Q, dO [B, H, LP, D];
 K, V, dK, dV [B, Hkv, LP, D] (contiguous, fp16 or bf16, 16-byte aligned); LSE, Delta [B, H, LP] fp32 (16-byte
-aligned: TMA); Bias [H, W] fp32; Tau [H] fp32; Lens [B] int32; Partial [B, H, LP / KEY_BLOCK, min(W, L)] causal
-(entry = distance m - n, P0 = 0), else [.., 2 min(W, L) - 1] (entry = m - n + min(W, L) - 1 = P0 + m - n) fp32
-zero-initialised. The grid covers ceil(LP / 128) key blocks; a second half past LP reads zeros (TMA's
-out-of-bounds fill) and stores nothing.
+aligned: TMA); Bias [H, W] fp32; Tau [H] fp32; Lens [B] int32; Partial [B, H, LP / KEY_BLOCK, NC] fp32, whose
+entries 0 .. min(W, L) - 1 causal (entry = distance m - n, P0 = 0), else 0 .. 2 min(W, L) - 2 (entry = m - n +
+min(W, L) - 1 = P0 + m - n) ``dq_sm90`` zeroed (its other columns are not read here). The grid covers
+ceil(LP / 128) key blocks; a second half past LP reads zeros (TMA's out-of-bounds fill) and stores nothing.
 """
 
 import cutlass
@@ -86,7 +86,8 @@ ARGS = {
     "dkdv_sm90": ["q fp16/bf16 [B,H,LP,D]", "k [B,Hkv,LP,D]", "v [B,Hkv,LP,D]", "do [B,H,LP,D]",
                   "lse fp32 [B,H,LP] (16-byte aligned)", "delta fp32 [B,H,LP] (16-byte aligned)", "bias fp32 [H,W]",
                   "tau fp32 [H]", "lens int32 [B]", "dk out [B,Hkv,LP,D]", "dv out [B,Hkv,LP,D]",
-                  "partial out fp32 [B,H,LP/64,min(W,L) causal else 2*min(W,L)-1] (zeroed)", "L int", "scale float"],
+                  "partial out fp32 [B,H,LP/64,NC] (entries < min(W,L) causal else 2*min(W,L)-1 zeroed by dq_sm90)",
+                  "L int", "scale float"],
 }
 
 ROW_MULTIPLE = 64  # the launcher pads L to LP, a multiple of this

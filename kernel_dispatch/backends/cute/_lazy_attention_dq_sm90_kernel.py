@@ -1,5 +1,5 @@
 """CuTe DSL kernel: the lazy attention backward's query-major half (SPEC section 1) on Hopper's own machinery (TMA,
-wgmma, warp specialisation): dQ, Delta and the dtau rows Rdiv, in ONE sweep over the keys.
+wgmma, warp specialisation): dQ, Delta and the dtau rows Rdiv (summed per 64-row block), in ONE sweep over the keys.
 
 The one-sweep form (as the TileLang ``_lazy_attention_dq_delta_kernel``): for any row constant D0,
 dQ_m = scale * (sum_n P (Mk dA - D0) k_n - (Delta - D0) sum_n P k_n), so one sweep accumulates per query row
@@ -18,7 +18,8 @@ this one's last CTAs run.
 
 - warpgroup 0, the producer: its warp 0 issues every TMA load (setmaxnreg down to 24). Q and dO once (two halves
   [WM = 64, D] each; four TMA copies completing the one barrier of the QdO pipeline), then K(0), V(0), K(1), V(1),
-  ... into one ring of STAGES tiles [BN = 64, D] (the KV pipeline; a K and a V tile have the same bytes).
+  ... into one ring of STAGES tiles [BN = 64, D] (the KV pipeline; a K and a V tile have the same bytes); its
+  warps 1..3 zero the CTA's rows of Partial (below).
 - warpgroups 1 and 2, the consumers (setmaxnreg up to 240): each owns 64 query rows. Prologue: the warpgroup's
   rows of O in 16-byte vectors from global memory (issued before the QdO wait; rows >= LP are zeros), then with
   dO's half of sdO the products of each row's 64-column vectors summed in fp32 by the row's threads (shuffles)
@@ -40,8 +41,14 @@ after the prologue's fill of the CTA's table where it fits (``CTA_TABLE``: causa
 <= 3391), otherwise one barrier per non-free tile with two per-tile table buffers; named barriers 2, 3: ping-pong
 turns (2 turns per tile per warpgroup, warpgroup 1 arrives once on barrier 2 before its first turn, warpgroup 0 syncs
 once more on barrier 2 after its last); named barriers 4, 5 (the warpgroup's 128 threads): in the prologue between
-the writes of its rows of sD0 and their reads (only when tiles run, a CTA-uniform condition), then the epilogue
-staging of dQ through the warpgroup's own half of sQ.
+the writes of its rows of sD0 and their reads (only when tiles run, a CTA-uniform condition), in the epilogue between
+the warps' Rdiv sums in sRd and their sum, then the staging of dQ through the warpgroup's own half of sQ.
+
+Partial (the dbias partials of ``dkdv_sm90``, a dependent launch of this kernel): warps 1..3 of the producer
+warpgroup zero the dbias columns of the rows of the CTA's two 64-row blocks (coalesced 4-byte stores), and each
+consumer warpgroup writes its block's sum of Rdiv into the row's last column in the epilogue (rows in order within a
+thread, over lanes 4, 8, 16 apart by shuffles, then the four warps in order), so the launcher sums Partial once for
+dbias and dtau and fills nothing; ``dkdv_sm90`` reads Partial only after this grid has ended (griddepcontrol.wait).
 
 Rules: the launcher zero-fills rows >= lengths[b] of q, k, v, dO, O (NaN included) and rows >= L, so no shared
 memory is zeroed here; rows >= LP (the block's tail past the tensors) arrive as zeros from TMA's out-of-bounds
@@ -51,8 +58,9 @@ causal mask and rows >= lengths[b] are applied by selects only on those among th
 diagonal (with the table index clamped to the table). Rows >= lengths[b] get
 dQ = 0, Delta = 0, Rdiv = 0. Deterministic: no atomics, fixed summation order.
 
-Layout (contiguous): Q, dO, O, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LSE, Delta, Rdiv [B, H, LP] fp32;
-Bias [H, W], Tau [H] fp32; Lens [B] int32. B, H, Hkv, LP, W are runtime values; D, dtype and causal compiled in.
+Layout (contiguous): Q, dO, O, dQ [B, H, LP, D]; K, V [B, Hkv, LP, D] fp16/bf16; LSE, Delta [B, H, LP] fp32; Partial
+[B, H, LP / 64, NC] fp32; Bias [H, W], Tau [H] fp32; Lens [B] int32. B, H, Hkv, LP, W are runtime values; D, dtype
+and causal compiled in.
 """
 
 import cutlass
@@ -80,7 +88,8 @@ ARGS = {
         "lengths int32 [B] (values in [0, L])",
         "dq out fp16/bf16 [B,H,LP,D]",
         "delta out fp32 [B,H,LP]",
-        "rdiv out fp32 [B,H,LP]",
+        "partial out fp32 [B,H,LP/64,NC] (dkdv_sm90's dbias partials, columns < NC - 1, zeroed here; column NC - 1: "
+        "the sum of Rdiv over each 64-row block)",
         "scale float (python scalar)",
     ]
 }
@@ -107,7 +116,7 @@ class LazyAttentionDqSm90(HopperKernel):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                  mO: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor, mdQ: cute.Tensor,
-                 mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32, stream):
+                 mDelta: cute.Tensor, mPart: cute.Tensor, scale: cutlass.Float32, stream):
         D = self.D
         dt = self.dtype
         # S = Q K^T and dA = dO V^T: (WM, BN), A = the Q / dO half, B = the K / V tile
@@ -143,11 +152,12 @@ class LazyAttentionDqSm90(HopperKernel):
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sT: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(CTA_TABLE, 2 * TABLE)], 16]
             sD0: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, BM], 16]
+            sRd: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * WG // 32], 16]
 
         LP = mQ.shape[2]
         n_mblocks = (LP + BM - 1) // BM
         self.kernel(s_first, s_rest, xy_mma, tma_q, tma_q_t, tma_do, tma_do_t, tma_k, tma_k_t, tma_v, tma_v_t,
-                    mLSE, mO, mBias, mTau, mLens, mdQ, mDelta, mRdiv, scale, sQ_layout, sK_layout, sKt_layout,
+                    mLSE, mO, mBias, mTau, mLens, mdQ, mDelta, mPart, scale, sQ_layout, sK_layout, sKt_layout,
                     SharedStorage).launch(
             grid=grid_dims(n_mblocks, mQ.shape[1], mQ.shape[0]), block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
@@ -209,7 +219,7 @@ class LazyAttentionDqSm90(HopperKernel):
                tma_q: cute.CopyAtom, tma_q_t: cute.Tensor, tma_do: cute.CopyAtom, tma_do_t: cute.Tensor,
                tma_k: cute.CopyAtom, tma_k_t: cute.Tensor, tma_v: cute.CopyAtom, tma_v_t: cute.Tensor,
                mLSE: cute.Tensor, mO: cute.Tensor, mBias: cute.Tensor, mTau: cute.Tensor, mLens: cute.Tensor,
-               mdQ: cute.Tensor, mDelta: cute.Tensor, mRdiv: cute.Tensor, scale: cutlass.Float32,
+               mdQ: cute.Tensor, mDelta: cute.Tensor, mPart: cute.Tensor, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sKt_layout: cute.ComposedLayout,
                SharedStorage: cutlass.Constexpr):
         D = self.D
@@ -232,6 +242,7 @@ class LazyAttentionDqSm90(HopperKernel):
         sKt = cute.make_tensor(cute.recast_ptr(sK.iterator, sKt_layout.inner), sKt_layout.outer)
         sT = storage.sT.get_tensor(cute.make_layout(max(CTA_TABLE, 2 * TABLE)))
         sD0 = storage.sD0.get_tensor(cute.make_layout(BM))
+        sRd = storage.sRd.get_tensor(cute.make_layout(2 * WG // 32))
 
         q_pipe = tma_pipeline(storage.q_mbar.data_ptr(), 1, 2 * BM * D * dt.width // 8)
         kv_pipe = tma_pipeline(storage.kv_mbar.data_ptr(), self.stages, BN * D * dt.width // 8)
@@ -265,6 +276,13 @@ class LazyAttentionDqSm90(HopperKernel):
                     cute.copy(tma_v, tVgV[None, nb], tVsV[None, kv_state.index],
                               tma_bar_ptr=kv_pipe.producer_get_barrier(kv_state))
                     kv_state.advance()
+            else:
+                # warps 1..3: the dbias columns of the CTA's two 64-row blocks of Partial zeroed for dkdv_sm90 (a
+                # dependent launch, which reads them after this grid has ended)
+                for half in cutlass.range_constexpr(2):
+                    if m0 + WM * half < LP:
+                        for c in cutlass.range(tidx - 32, mPart.shape[3] - 1, WG - 32, unroll=1):
+                            mPart[b, h, 2 * mb + half, c] = cutlass.Float32(0.0)
         else:
             # ============================ consumer warpgroups 1, 2: 64 query rows each
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
@@ -429,6 +447,7 @@ class LazyAttentionDqSm90(HopperKernel):
             acc_X_mn = acc_mn_view(acc_X)
             acc_Y_mn = acc_mn_view(acc_Y)
             lane = tidx % 4
+            rd_blk = cutlass.Float32(0.0)  # this thread's rows of Rdiv, summed
             for r in cutlass.range_constexpr(n_rows):
                 rsum = quad_reduce(r_acc[r], lambda x, y: x + y)
                 dsum = quad_reduce(d_acc[r], lambda x, y: x + y)
@@ -436,15 +455,26 @@ class LazyAttentionDqSm90(HopperKernel):
                 ii = cutlass.Float32(cutlass.max(lb, 1))
                 if cutlass.const_expr(self.causal):
                     ii = cutlass.Float32(m + 1)
-                if lane == 0 and m < LP:
-                    mDelta[b, h, m] = dsum
-                    mRdiv[b, h, m] = rsum / ii
+                if m < LP:
+                    rd_blk = rd_blk + rsum / ii
+                    if lane == 0:
+                        mDelta[b, h, m] = dsum
                 one = one_key_row(m, lb, self.causal)
                 zero = m >= lb or (one and (dsum - dsum) == 0.0)
                 corr = dsum - d0[r]
                 for c in cutlass.range_constexpr(cute.size(acc_X_mn.shape[1])):
                     val = (acc_X_mn[r, c] - corr * acc_Y_mn[r, c]) * scale
                     acc_X_mn[r, c] = cutlass.Float32(0.0) if zero else val
+            # the block's Rdiv sum (the dtau term) into Partial's last column: over the warp's 8 quads (each quad's
+            # lanes hold the same rows), then its 4 warps in order
+            for k in cutlass.range_constexpr(3):
+                rd_blk = rd_blk + cute.arch.shuffle_sync_bfly(rd_blk, offset=4 << k, mask=-1, mask_and_clamp=31)
+            if wtid % 32 == 0:
+                sRd[4 * wg + wtid // 32] = rd_blk
+            cute.arch.barrier(barrier_id=WG_BARRIER + wg, number_of_threads=WG)
+            if wtid == 0 and m0 + WM * wg < LP:
+                rd_blk = sRd[4 * wg] + sRd[4 * wg + 1] + sRd[4 * wg + 2] + sRd[4 * wg + 3]
+                mPart[b, h, 2 * mb + wg, mPart.shape[3] - 1] = rd_blk
             # staged through this warpgroup's own half of sQ (its last wgmma reading it completed; when no tile
             # runs, the half is never loaded and nothing reads it)
             gO = cute.local_tile(mdQ[b, h, None, None], (WM, D), (2 * mb + wg, 0))
@@ -458,19 +488,20 @@ def fake_args(key: KernelKey):
     q = fake_rows(dt, (B, H, LP, D))
     kv = fake_rows(dt, (B, Hkv, LP, D))
     vec = fake_rows(cutlass.Float32, (B, H, LP), 4)
+    part = fake_rows(cutlass.Float32, (B, H, cute.sym_int(), cute.sym_int()), 4)
     bias, tau = fake_rows(cutlass.Float32, (H, W), 4), fake_rows(cutlass.Float32, (H,), 4)
     lens = fake_rows(cutlass.Int32, (B,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return [q, kv, kv, q, vec, q, bias, tau, lens, q, vec, vec, cutlass.Float32(1.0), stream]
+    return [q, kv, kv, q, vec, q, bias, tau, lens, q, vec, part, cutlass.Float32(1.0), stream]
 
 
 def shared_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of one CTA (SharedStorage): mbarriers, Q and dO [BM, D], STAGES tiles [BN, D] (each
-    1024-byte aligned), the fp32 bias table of CTA_TABLE entries, D0 of the BM rows (fp32)."""
+    1024-byte aligned), the fp32 bias table of CTA_TABLE entries, D0 of the BM rows and the warps' Rdiv sums (fp32)."""
     D, el, stages = key.head_dim, 2, STAGES[key.head_dim]
     return struct_bytes(((2 * 8, 8), (2 * stages * 8, 8), (BM * D * el, 1024), (BM * D * el, 1024),
                          (BN * D * el * stages, 1024), (max(CTA_TABLE, 2 * TABLE) * 4, 16),
-                         (BM * 4, 16)))
+                         (BM * 4, 16), (2 * WG // 32 * 4, 16)))
 
 
 def compile(key: KernelKey, options: str = "--enable-tvm-ffi"):

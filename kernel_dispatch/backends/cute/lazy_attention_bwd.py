@@ -4,8 +4,9 @@ Two Hopper kernels: ``dq_sm90`` (``_lazy_attention_dq_sm90_kernel``, query-major
 D0 = rowsum(dO * O) in its prologue, then Delta, the dtau row terms Rdiv = (1/i) sum_n Mk dA and dQ) then ``dkdv_sm90``
 (``_lazy_attention_dkdv_sm90_kernel``, key-major: dK, dV summed over the GQA heads in a fixed order, and per-64-key
 block dbias partials), a programmatic dependent launch of ``dq_sm90`` (its CTAs start as ``dq_sm90``'s last ones
-run). dbias and dtau are fixed-order fp32 sums of those partials here (one reduction kernel each), so
-every output is bitwise reproducible (no atomics).
+run). ``dq_sm90`` zeroes the dbias partials and writes each 64-row block's sum of Rdiv beside them (Partial's last
+column); dbias and dtau are one fixed-order fp32 sum of Partial here, so every output is bitwise reproducible (no
+atomics).
 
 The kernels read rows in whole 64-row tiles: when L is not a multiple of 64, or lengths are given, q, k, v, dO are
 copied into zero-filled buffers of LP = ceil(L / 64) * 64 rows with positions >= lengths[b] zeroed (padding,
@@ -56,27 +57,27 @@ def backward(kernel, do, q, k, v, bias, tau, o, lse, scale: float, lengths, caus
     bias32 = bias.to(torch.float32).contiguous()
     tau32 = tau.to(torch.float32).contiguous()
     delta = torch.empty(B, H, LP, dtype=torch.float32, device=dev)
-    rdiv = torch.empty(B, H, LP, dtype=torch.float32, device=dev)
     dq = torch.empty(B, H, LP, D, dtype=dt, device=dev)
     dk = torch.empty(B, Hkv, LP, D, dtype=dt, device=dev)
     dv = torch.empty(B, Hkv, LP, D, dtype=dt, device=dev)
     WP = min(W, L)
-    # entry P0 + m - n per distance m - n: causal only 0 .. WP - 1 (P0 = 0), else -(WP - 1) .. WP - 1 (P0 = WP - 1)
-    partial = torch.zeros(B, H, LP // TILE, WP if causal else 2 * WP - 1, dtype=torch.float32, device=dev)
+    # per 64-row block (b, h, block): the dbias entry P0 + m - n per distance m - n (causal only 0 .. WP - 1, P0 = 0;
+    # else -(WP - 1) .. WP - 1, P0 = WP - 1), then the block's sum of Rdiv; the kernels zero and write all of it
+    n_dist = WP if causal else 2 * WP - 1
+    partial = torch.empty(B, H, LP // TILE, n_dist + 1, dtype=torch.float32, device=dev)
     s = float(scale)
-    kernel("dq_sm90")(qp, kp, vp, dop, lse_p, op, bias32, tau32, lens, dq, delta, rdiv, s)
+    kernel("dq_sm90")(qp, kp, vp, dop, lse_p, op, bias32, tau32, lens, dq, delta, partial, s)
     kernel("dkdv_sm90")(qp, kp, vp, dop, lse_p, delta, bias32, tau32, lens, dk, dv, partial, int(L), s)
-    # one fp32 reduction each: a float64 sum would first copy Partial to float64 (a 2x larger copy kernel, 25 us of a
-    # 3 ms step at B=4, H=16, L=4096); per (b, h), then over the batch in float64, the two take 50 us in 8 kernels
-    full = partial.sum((0, 2))  # [H, WP] or [H, 2 WP - 1]: P0 + signed distance
-    dbias = full
+    # one fp32 reduction for both: a float64 sum would first copy Partial to float64 (a 2x larger copy kernel, 25 us
+    # of a 3 ms step at B=4, H=16, L=4096); per (b, h), then over the batch in float64, they take 50 us in 8 kernels
+    full = partial.sum((0, 2))  # [H, n_dist + 1]
+    dbias, dtau = full[:, :n_dist], full[:, n_dist]
     if not causal:
-        dbias = full[:, -WP:].clone()
+        dbias = full[:, WP - 1:n_dist].clone()
         if WP > 1:
             dbias[:, 1:] += full[:, :WP - 1].flip(-1)
     if WP < W:  # distances >= L: no pair of positions is that far apart
         dbias = torch.nn.functional.pad(dbias, (0, W - WP))
-    dtau = rdiv[..., :L].sum((0, 2))
     if LP != L:
         dq, dk, dv = (t[:, :, :L].contiguous() for t in (dq, dk, dv))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias.dtype), dtau.to(tau.dtype)
