@@ -1,6 +1,7 @@
 """Every shipped cute kernel builds for sm_90a on this CPU machine (the DSL from the ``cute`` extra), fits sm_90's
-shared memory, keeps its values in registers (no local memory: spills) and loads from the store without the DSL:
-what a GPU machine with only the runtime library and tvm_ffi does."""
+shared memory, keeps its values in registers (no local memory: spills), keeps its wgmma asynchronous (ptxas did not
+serialise them) and loads from the store without the DSL: what a GPU machine with only the runtime library and tvm_ffi
+does."""
 import importlib
 import json
 import os
@@ -40,6 +41,8 @@ def test_every_shipped_kernel_builds_within_sm90_limits(store):
         assert m["shared_bytes"] <= SM90_SHARED_BYTES, f"{name}: {m['shared_bytes']} bytes of shared memory"
         assert 0 < m["registers"] <= 255, name
         assert m["stack_bytes"] == 0, f"{name}: {m['stack_bytes']} bytes of stack (spilled registers)"
+        # ptxas serialises every wgmma of a kernel it cannot prove safe to overlap: then one wait per wgmma
+        assert 0 < 2 * m["wgmma_waits"] <= m["wgmma"], f"{name}: {m['wgmma_waits']} waits on {m['wgmma']} wgmma"
 
 
 def test_the_store_loads_without_the_dsl(store):

@@ -9,7 +9,8 @@ Each kernel compiles in its own process (the DSL reads its dump settings once pe
 fake tensors whose sizes are symbolic, ``--enable-tvm-ffi``; the object is linked with ``gcc -shared`` into
 ``<name>.so`` (it needs only ``libcute_dsl_runtime.so`` and ``tvm_ffi`` to run) and described by ``<name>.json``:
 source hash, DSL version, compile seconds, registers per thread, shared memory (static from the cubin plus the
-dynamic size the launch asks for) and local memory (spills), read from the cubin with the cuobjdump triton ships.
+dynamic size the launch asks for), local memory (spills) and its wgmma instructions and waits on them (one wait per
+wgmma: ptxas serialised them), read from the cubin with the cuobjdump triton ships.
 ``manifest.json`` gathers the sidecars. Needs the DSL: ``pip install 'kernel-dispatch[cute]'``.
 """
 import argparse
@@ -63,6 +64,16 @@ def resource_usage(cubin: Path, ir: str, dynamic_bytes: int | None) -> dict:
             "shared_bytes": static + dynamic[0], "local_bytes": local}
 
 
+def wgmma_waits(cubin: Path) -> dict:
+    """The wgmma instructions (SASS ``HGMMA``) of the one kernel in ``cubin`` and its waits on them
+    (``WARPGROUP.DEPBAR``). Where ptxas cannot prove an overlap safe (an accumulator in flight across a loop's back
+    edge or a merge of branches, or a warpgroup arrive it has to place in a divergent path) it serialises every wgmma
+    of the kernel: one wait per HGMMA, and the GEMMs of a tile no longer overlap each other or the exponentials."""
+    sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return {"wgmma": len(re.findall(r"\bHGMMA\.", sass)),
+            "wgmma_waits": len(re.findall(r"\bWARPGROUP\.DEPBAR", sass))}
+
+
 def _compile_in_this_process(key: KernelKey, out: Path) -> dict:
     """Compile ``key`` (this process must not have compiled before: the DSL fixes its dump settings at import)."""
     dump = Path(tempfile.mkdtemp(prefix=f"{key.name}-"))
@@ -92,7 +103,8 @@ def _compile_into(key: KernelKey, out: Path, dump: Path) -> dict:
             "args": module.ARGS[key.kernel], "source_hash": source_hash(key.kernel),
             "dsl": getattr(cutlass, "__version__", "unknown"), "compile_seconds": round(seconds, 2),
             "shared_object_bytes": lib.stat().st_size,
-            **resource_usage(Path(cubins[0]), Path(irs[0]).read_text(), module.shared_bytes(key))}
+            **resource_usage(Path(cubins[0]), Path(irs[0]).read_text(), module.shared_bytes(key)),
+            **wgmma_waits(Path(cubins[0]))}
     out.mkdir(parents=True, exist_ok=True)
     tmp_lib = out / f".{key.name}.so.{os.getpid()}"
     shutil.copyfile(lib, tmp_lib)
