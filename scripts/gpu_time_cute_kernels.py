@@ -58,18 +58,21 @@ def per_call_ms(fn, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def persistent(store: str, kernel: str, D: int) -> bool:
-    """Whether the store's ``kernel`` (bf16, causal, head dim D) is persistent: its sidecar's arguments name a
-    counter."""
+def sidecar_args(store: str, kernel: str, D: int) -> list[str]:
+    """The argument descriptions in the sidecar of the store's ``kernel`` (bf16, causal, head dim D); [] if absent."""
     path = f"{store}/kd_lazy_attention_{kernel}_d{D}_bfloat16_causal.json"
-    return os.path.exists(path) and any("counter" in a for a in json.load(open(path))["args"])
+    return json.load(open(path))["args"] if os.path.exists(path) else []
+
+
+def persistent(store: str, kernel: str, D: int) -> bool:
+    """Whether the store's ``kernel`` is persistent: its arguments name a counter."""
+    return any("counter" in a for a in sidecar_args(store, kernel, D))
 
 
 def dq_writes_partial(store: str, D: int) -> bool:
-    """Whether the store's ``dq_sm90`` (bf16, causal, head dim D) takes Partial (zeroing its dbias columns, the Rdiv
-    block sums in its last column) instead of an Rdiv vector: its sidecar's arguments name it."""
-    path = f"{store}/kd_lazy_attention_dq_sm90_d{D}_bfloat16_causal.json"
-    return os.path.exists(path) and any(a.startswith("partial") for a in json.load(open(path))["args"])
+    """Whether the store's ``dq_sm90`` takes Partial (zeroing its dbias columns, the Rdiv block sums in its last
+    column) instead of an Rdiv vector: its arguments name it."""
+    return any(a.startswith("partial") for a in sidecar_args(store, "dq_sm90", D))
 
 
 def time_shape(tvm_ffi, stores: dict, B: int, L: int, D: int, rounds: int, calls: int,

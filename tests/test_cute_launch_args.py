@@ -114,3 +114,41 @@ def test_kept_tensors_per_stream(monkeypatch):
     count = len(made)
     _kept.kept(torch.device("cpu"), ("a",), make)
     assert len(made) == count + 1  # off CUDA: fresh
+
+
+@pytest.mark.parametrize("causal, L, W", [(True, 150, 8), (False, 150, 8), (True, 5, 8), (False, 5, 8)])
+def test_backward_reads_dbias_and_dtau_from_partial(recorded, causal, L, W):
+    """dbias and dtau come from the one Partial both backward kernels write: per 64-row block the dbias entries by
+    signed distance (causal 0 .. WP - 1; else -(WP - 1) .. WP - 1 at P0 = WP - 1), then the block's Rdiv sum in the
+    last column. Fake kernels fill it with known values; dbias [H, W] must be their sum by |distance| (zero past
+    L - 1), dtau [H] the sum of the last column."""
+    calls, _ = recorded
+    B, H, D = 2, 3, 64
+    WP = min(W, L)
+    g = torch.Generator().manual_seed(0)
+
+    def kernel(name):
+        def run(*args):
+            calls.append((name, args))
+            if name == "dq_sm90":
+                part = args[11]
+                part[..., :-1] = 0.0
+                part[..., -1] = torch.rand(part.shape[:-1], generator=g)
+            elif name == "dkdv_sm90":
+                part = args[11]
+                part[..., :-1] += torch.rand(part[..., :-1].shape, generator=g)
+        return run
+
+    q, k, v, do = (torch.randn(B, H, L, D, dtype=torch.bfloat16) for _ in range(4))
+    bias, tau = torch.zeros(H, W), torch.full((H,), -1.0)
+    dbias, dtau = lazy_attention_bwd.backward(kernel, do, q, k, v, bias, tau, do, torch.zeros(B, H, L), 0.125, None,
+                                              causal)[3:]
+    part = next(args[11] for name, args in calls if name == "dkdv_sm90").double()
+    assert part.shape[-1] == (WP if causal else 2 * WP - 1) + 1
+    by_entry = part.sum((0, 2))  # [H, columns]
+    expect = torch.zeros(H, W, dtype=torch.float64)
+    for d in range(WP):
+        expect[:, d] = by_entry[:, d] if causal else by_entry[:, WP - 1 + d] + (by_entry[:, WP - 1 - d] if d else 0)
+    torch.testing.assert_close(dbias.double(), expect, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dtau.double(), by_entry[:, -1], rtol=1e-6, atol=1e-6)
+    assert dbias.shape == (H, W) and dtau.shape == (H,)
