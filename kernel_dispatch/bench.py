@@ -7,6 +7,8 @@ the protocol in :mod:`kernel_dispatch.benchmarks.common`).
     python -m kernel_dispatch.bench --quick            # tiny CPU smoke, golden only (CI)
     python -m kernel_dispatch.bench --ops mhc --D 4096 --T 8192 --backends triton,golden_compile
     python -m kernel_dispatch.bench --from-json bench_results/bench.json --docs   # docs from a saved run
+    python -m kernel_dispatch.bench --ops lazy_attention --L 4K --backends cute,sdpa_cudnn --reps 400 --rounds 40
+        # two backends timed in alternation for seconds: their ratio at the card's power cap
 
 Prints a markdown table, writes a JSON with every figure and the environment, PNG plots, and with
 ``--docs`` docs/benchmarks.md (GPU runs only; other runs preview the page beside their JSON).
@@ -15,6 +17,7 @@ Exits 1 when a kernel_dispatch backend raised (baselines that fail are reported,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -24,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .benchmarks import docs, plots, report
-from .benchmarks.common import baselines, int_list, modules, option, sweep
+from .benchmarks.common import baselines, int_list, modules, one_int, option, sweep
 from .benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
 from .registry import BACKEND_NAMES
 
@@ -83,6 +86,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--D", action="append", type=_d_item, help=_d_help(mods))
     for mod in mods.values():
         mod.add_arguments(p)
+    p.add_argument("--rounds", type=one_int, default=Settings.rounds, help="rounds in which the backends of a "
+                   "shape are timed in alternation (default %(default)s)")
+    p.add_argument("--reps", type=one_int, help="timed runs per backend and direction (default: as many as fit "
+                   f"{Settings.budget_s} s, {Settings.min_reps}-{Settings.max_reps}); e.g. --reps 400 --rounds 40 "
+                   "times a few seconds each, long enough for an H200 to settle at its power cap")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--device", help="default: cuda when available (cpu with --quick)")
     p.add_argument("--json", type=Path, help="results file (default bench_results/bench.json, quick.json)")
@@ -112,7 +120,11 @@ def run(args, argv: list[str], json_path: Path) -> dict:
     if device.type == "cpu" and not args.quick and not any(getattr(args, f, None) for f in sizes):
         raise SystemExit("no CUDA device: the default sweep is for a GPU; use --quick, or small "
                          + "/".join(f"--{f}" for f in sizes))
-    settings = Settings(warmup=1, min_reps=3, max_reps=3, budget_s=0.0) if args.quick else Settings()
+    settings = Settings(warmup=1, min_reps=3, max_reps=3, budget_s=0.0, rounds=3) if args.quick else Settings()
+    if args.reps:
+        settings = dataclasses.replace(settings, min_reps=args.reps, max_reps=args.reps)
+    if not args.quick:
+        settings = dataclasses.replace(settings, rounds=args.rounds)
     timer = Timer(device, settings)
     chosen = args.backends or (("golden",) if args.quick else backends())
     dtype = DTYPES[args.dtype]

@@ -136,6 +136,8 @@ def test_command_line_parsing():
         "lazy_attention_with_kvcache": (64, 128)}
     args = bench.parse_args(["--varlen-T", "8K", "--kv-shapes", "1x4K,64x16k", "--T", "4096"])
     assert (args.varlen_T, args.kv_shapes, args.T) == (8192, ((1, 4096), (64, 16384)), (4096,))
+    args = bench.parse_args(["--reps", "400", "--rounds", "40"])
+    assert (args.reps, args.rounds) == (400, 40) and bench.parse_args([]).rounds == 10
     for bad in (["--backends", "nope"], ["--L", "abc"], ["--D", "attn=64"], ["--ops", "mhc_pre"],
                 ["--kv-shapes", "4096"]):
         with pytest.raises(SystemExit):

@@ -138,31 +138,36 @@ def _guard(thunk: Callable[[], dict], timer: Timer) -> dict:
         return {"error": short_error(e)}
 
 
-def run_candidate(c: Candidate, timer: Timer) -> dict:
-    """Measure ``c``: forward, forward+backward, then its correctness check.
+def run_candidates(cands: list[Candidate], timer: Timer) -> list[dict]:
+    """Measure the candidates of one sweep point: the forwards of all of them in alternation
+    (:meth:`Timer.measure_interleaved`), then the forward+backward steps, then each one's correctness check.
 
-    Both run with autograd recording: the forward is that of a training step (residuals kept,
+    Both directions run with autograd recording: the forward is that of a training step (residuals kept,
     as every kernel_dispatch forward does), and one compiled graph serves both timings.
 
-    Returns {"backend", "kind", "reason", "note", "fwd", "fwd_bwd", "check", "seconds"}; fwd and
-    fwd_bwd are :meth:`Timer.measure` dicts, ``{"error": ...}`` or None (not run).
+    Returns per candidate, in order, {"backend", "kind", "reason", "note", "fwd", "fwd_bwd", "check",
+    "seconds"}; fwd and fwd_bwd are :meth:`Timer.measure` dicts, ``{"error": ...}`` or None (not run);
+    seconds is the wall time of the whole point.
     """
     t0 = time.perf_counter()
-    rec = {"backend": c.name, "kind": c.kind, "reason": c.reason, "note": c.note,
-           "fwd": None, "fwd_bwd": None, "check": None}
-    if c.reason is None:
-        for key, fn in (("fwd", c.forward), ("fwd_bwd", c.fwd_bwd)):
-            if fn is not None:
-                def thunk(fn=fn):
-                    with torch.enable_grad():
-                        return timer.measure(fn)
-                rec[key] = _guard(thunk, timer)
-        if c.check is not None and "error" not in (rec["fwd"] or {}):
+    recs = [{"backend": c.name, "kind": c.kind, "reason": c.reason, "note": c.note,
+             "fwd": None, "fwd_bwd": None, "check": None} for c in cands]
+    for key, attr in (("fwd", "forward"), ("fwd_bwd", "fwd_bwd")):
+        fns = {i: getattr(c, attr) for i, c in enumerate(cands) if c.reason is None and getattr(c, attr)}
+        with torch.enable_grad():
+            timed = timer.measure_interleaved(fns)
+        for i, got in timed.items():
+            recs[i][key] = {"error": short_error(got)} if isinstance(got, Exception) else got
+        timer.release()
+    for c, rec in zip(cands, recs):
+        if c.reason is None and c.check is not None and "error" not in (rec["fwd"] or {}):
             rec["check"] = _guard(c.check, timer)
-    rec["note"] = c.note  # a run may add to it (a baseline's fallback settings)
-    rec["seconds"] = round(time.perf_counter() - t0, 2)
+        rec["note"] = c.note  # a run may add to it (a baseline's fallback settings)
+    seconds = round(time.perf_counter() - t0, 2)
+    for rec in recs:
+        rec["seconds"] = seconds
     timer.release()
-    return rec
+    return recs
 
 
 def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, dict]:
@@ -210,21 +215,22 @@ def sweep(mod, shapes, names, dtype: torch.dtype, timer: Timer, progress=None, o
     """Run every candidate ``names`` at every shape of bench module ``mod`` (see the protocol above).
 
     ``copy_gbps`` goes to its metrics; ``on_record(record)`` is called after each record (the caller saves
-    partial results). Returns one record per (shape, name): the :func:`run_candidate` dict plus op, shape,
+    partial results). Returns one record per (shape, name): the :func:`run_candidates` dict plus op, shape,
     dtype, metrics.
     """
     records = []
     for s in shapes:
         t = mod.make_inputs(s, dtype, timer.device)
         ref = mod.Reference(t, s)
+        if progress is not None:
+            progress.set_postfix_str(f"{mod.NAME} {s.label()} ({len(names)} in turn)", refresh=False)
+        cands = []
         for name in names:
-            if progress is not None:
-                progress.set_postfix_str(f"{mod.NAME} {s.label()} {name}", refresh=False)
             try:
-                c = mod.candidate(name, s, t, ref)
+                cands.append(mod.candidate(name, s, t, ref))
             except Exception as e:  # building a baseline (an import, a block mask) may fail too
-                c = Candidate(name, reason=f"could not be set up: {short_error(e)}")
-            rec = run_candidate(c, timer)
+                cands.append(Candidate(name, reason=f"could not be set up: {short_error(e)}"))
+        for rec in run_candidates(cands, timer):
             rec.update(op=mod.NAME, shape=s.as_dict(), dtype=str(dtype).replace("torch.", ""))
             rec["metrics"] = mod.metrics(s, rec, copy_gbps)
             records.append(rec)
@@ -232,6 +238,6 @@ def sweep(mod, shapes, names, dtype: torch.dtype, timer: Timer, progress=None, o
                 on_record(rec)
             if progress is not None:
                 progress.update(1)
-        del t, ref
+        del t, ref, cands
         timer.release()
     return records

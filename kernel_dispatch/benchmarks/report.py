@@ -25,7 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 GENERIC_CONVENTIONS = {
     "copy_bandwidth": "dst.copy_(src) of a 1 GiB tensor, bytes read + written over the median time",
     "time": "median of the timed runs (CUDA events), L2 flushed before each; +-x% is half the interquartile "
-            "range over the median; fwd is the forward of a training step (autograd on, residuals kept)",
+            "range over the median; fwd is the forward of a training step (autograd on, residuals kept); the "
+            "backends of one shape are timed in alternation (settings.rounds rounds, every other one in reverse "
+            "order, each backend's runs split over them), so a card whose clocks fall under its power cap as it "
+            "heats slows them alike",
     "peak_memory": "max_memory_allocated during one run minus the memory allocated before it (inputs excluded)",
     "first_call": "wall seconds of the first forward and the first forward+backward of a kernel class "
                   "(compilation or disk-cache load, and Triton's autotuning, included); Triton's autotuning winners "
