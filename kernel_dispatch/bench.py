@@ -110,8 +110,9 @@ def _size_flags(mods: dict) -> list[str]:
 def run(args, argv: list[str], json_path: Path) -> dict:
     """Run the sweeps ``args`` ask for and return the JSON-ready results.
 
-    ``json_path`` is rewritten after every record (``"complete": false`` until the end), so a run
-    stopped by a time limit still leaves every figure it measured.
+    ``json_path`` is rewritten after every record (``"complete": false`` until the end; the records of a
+    shape come together, its backends being timed in alternation), so a run stopped by a time limit still
+    leaves every shape it finished.
     """
     t0 = time.perf_counter()
     mods = modules()
