@@ -63,7 +63,14 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=6, help="windows per candidate and direction")
     p.add_argument("--seconds", type=float, default=1.5, help="length of one window")
     args = p.parse_args()
-    B, L, D = (int(x) for x in args.shape.split("x"))
+    try:
+        B, L, D = (int(x) for x in args.shape.split("x"))
+    except ValueError:
+        p.error(f"--shape: expected B x L x D such as 4x4096x128, got {args.shape!r}")
+    if min(B, L, D) < 1 or args.windows < 1 or args.seconds <= 0:
+        p.error("--shape sizes and --windows must be positive, --seconds above zero")
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA device (it reads the card's NVML energy counter)")
     dev = torch.device("cuda")
     s = bench.Shape(B, 16, L, D, 512)
     t = bench.make_inputs(s, torch.bfloat16, dev)
