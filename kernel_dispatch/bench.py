@@ -7,6 +7,7 @@ the protocol in :mod:`kernel_dispatch.benchmarks.common`).
     python -m kernel_dispatch.bench --quick            # tiny CPU smoke, golden only (CI)
     python -m kernel_dispatch.bench --ops mhc --D 4096 --T 8192 --backends triton,golden_compile
     python -m kernel_dispatch.bench --from-json bench_results/bench.json --docs   # docs from a saved run
+    python -m kernel_dispatch.bench --from-json a.json,b.json --docs   # several runs of one machine, one page
     python -m kernel_dispatch.bench --ops lazy_attention --L 4K --backends cute,sdpa_cudnn --reps 400 --rounds 40
         # two backends timed in alternation for seconds: their ratio at the card's power cap
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .benchmarks import docs, plots, report
+from .benchmarks import docs, merge, plots, report
 from .benchmarks.common import baselines, int_list, modules, one_int, option, sweep
 from .benchmarks.timing import Settings, Timer, copy_bandwidth_gbps
 from .registry import BACKEND_NAMES
@@ -98,8 +99,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--docs", action="store_true", help="regenerate docs/benchmarks.md (GPU runs only; others "
                    "write a preview beside the JSON)")
-    p.add_argument("--from-json", type=Path, help="no run: tables, plots and docs from this saved JSON")
+    p.add_argument("--from-json", type=_paths, help="no run: tables, plots and docs from this saved JSON, or from "
+                   "several (comma list) of one machine, software and commit, merged (written to --json, default "
+                   "bench_results/merged.json)")
     return p.parse_args(argv)
+
+
+def _paths(text: str) -> list[Path]:
+    paths = [Path(p) for p in text.split(",") if p]
+    if not paths:
+        raise argparse.ArgumentTypeError("expected one saved JSON or a comma list of them")
+    return paths
+
+
+def load_saved(paths: list[Path], json_path: Path | None) -> tuple[dict, Path]:
+    """The saved run at ``paths[0]``, or the runs at ``paths`` merged (:mod:`kernel_dispatch.benchmarks.merge`)
+    and written to ``json_path`` (default bench_results/merged.json); returns the result and its file."""
+    loaded = []
+    for path in paths:
+        try:
+            loaded.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--from-json: cannot read {path} ({e})")
+    if len(loaded) == 1:
+        return loaded[0][1], paths[0]
+    try:
+        data = merge.merge(loaded)
+    except ValueError as e:
+        raise SystemExit(f"--from-json: {e}")
+    out = json_path or Path("bench_results") / "merged.json"
+    report.write_json(data, out)
+    return data, out
 
 
 def _size_flags(mods: dict) -> list[str]:
@@ -177,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.from_json:
-        json_path = args.from_json
-        data = json.loads(json_path.read_text())
+        data, json_path = load_saved(args.from_json, args.json)
     else:
         json_path = args.json or Path("bench_results") / ("quick.json" if args.quick else "bench.json")
         data = run(args, argv, json_path)

@@ -7,11 +7,12 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kernel_dispatch import bench
-from kernel_dispatch.benchmarks import docs, report
+from kernel_dispatch.benchmarks import docs, merge, report
 
 BACKENDS = "golden,tilelang,sdpa_flash"  # golden runs; the other two must say why they cannot
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -220,3 +221,59 @@ def test_varlen_documents_are_seeded_and_fill_T():
     uniform = vb.shapes(bench.parse_args([]), False, None)[1]
     assert uniform.case == "uniform" and uniform.lengths == (4096,) * 4
     assert vb.flops(uniform)["fwd"] == 4 * 16 * 128 * 4 * 4096**2 / 2
+
+
+def _split_run(gpu_like: dict) -> tuple[dict, dict]:
+    """gpu_like as two runs of one machine: lazy attention and its packed form, then the two ops that measure the
+    copy bandwidth (mhc, KV cache)."""
+    copy_ops = ("mhc", "lazy_attention_with_kvcache")
+    a = dict(gpu_like, command="python -m kernel_dispatch.bench --ops lazy_attention", copy_gbps=None,
+             elapsed_s=10.0, records=[r for r in gpu_like["records"] if r["op"] not in copy_ops])
+    b = dict(gpu_like, command="python -m kernel_dispatch.bench --ops mhc,lazy_attention_with_kvcache",
+             elapsed_s=5.5, records=[r for r in gpu_like["records"] if r["op"] in copy_ops])
+    assert a["records"] and b["records"] and gpu_like["copy_gbps"]
+    return a, b
+
+
+def test_saved_runs_merge_into_one_page(gpu_like, tmp_path, capsys):
+    """A sweep longer than one process may run: two invocations on one machine, merged by --from-json a,b."""
+    a, b = _split_run(gpu_like)
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    out = tmp_path / "merged.json"
+    assert bench.main(["--from-json", f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}", "--json", str(out),
+                       "--no-plots"]) == 0
+    assert f"results: {out}" in capsys.readouterr().out
+    merged = json.loads(out.read_text())
+    assert len(merged["records"]) == len(gpu_like["records"]) and merged["copy_gbps"] == gpu_like["copy_gbps"]
+    assert [r["command"] for r in merged["runs"]] == [a["command"], b["command"]] and merged["elapsed_s"] == 15.5
+    assert "command" not in merged and "settings" not in merged and merged["runs"][0]["settings"] == a["settings"]
+    page = docs.render(merged, "benchmarks", [])
+    assert f"- `{a['command']}` ({a['env']['date']}, 10.0 s)" in page and "Command: `" not in page
+    assert "copy bandwidth" in page and "| golden |" in page
+    assert "Command: `python -m kernel_dispatch.bench --quick" in docs.render(gpu_like, "benchmarks", [])
+    # a merged result renders again from its own file, and is not merged a second time
+    assert docs.render(json.loads(out.read_text()), "benchmarks", []) == page
+    with pytest.raises(ValueError, match="merge the runs it came from"):
+        merge.merge([(out, merged), (tmp_path / "a.json", a)])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a, b: b["env"].update(card="NVIDIA H200"), r"b\.json: env\.card is 'NVIDIA H200', a\.json has 'NVIDIA H100"),
+    (lambda a, b: b["env"].update(git_commit="abc1234"), r"env\.git_commit is 'abc1234'"),
+    (lambda a, b: b.update(records=b["records"] + a["records"][:1]), r"b\.json: lazy_attention .* is also in a\.json"),
+    (lambda a, b: a.update(copy_gbps=1000.0), r"a\.json and b\.json each measured the copy bandwidth"),
+    (lambda a, b: b.update(quick=True), r"b\.json: a --quick run"),
+])
+def test_merge_refuses_runs_that_do_not_share_a_page(gpu_like, change, message):
+    a, b = (json.loads(json.dumps(run)) for run in _split_run(gpu_like))
+    change(a, b)
+    with pytest.raises(ValueError, match=message):
+        merge.merge([(Path("a.json"), a), (Path("b.json"), b)])
+    with pytest.raises(ValueError, match="two or more"):
+        merge.merge([(Path("a.json"), a)])
+
+
+def test_from_json_names_an_unreadable_file(tmp_path):
+    with pytest.raises(SystemExit, match="cannot read .*missing.json"):
+        bench.main(["--from-json", f"{tmp_path / 'missing.json'},{tmp_path / 'other.json'}", "--no-plots"])

@@ -48,8 +48,15 @@ def render(data: dict, assets: str, images: list[str]) -> str:
     lines += [f"Measured on **{hw}**, driver {env.get('driver')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}; "
               f"torch {env.get('torch')}, triton {env.get('triton')}, tilelang {env.get('tilelang')}, "
               f"Python {env.get('python')}; kernel_dispatch {env.get('kernel_dispatch')} at commit "
-              f"{env.get('git_commit')}; {env.get('date')}; the whole run took {data.get('elapsed_s')} s.", "",
-              f"Command: `{data.get('command')}`. Regenerate this page from the saved run with "
+              f"{env.get('git_commit')}; {env.get('date')}; the whole run took {data.get('elapsed_s')} s.", ""]
+    if "runs" in data:
+        lines += ["Commands, one after the other on that machine (one run, each shape's backends timed together):",
+                  ""]
+        lines += [f"- `{r['command']}` ({r['date']}, {r['elapsed_s']} s)" for r in data["runs"]]
+        lines += [""]
+    else:
+        lines += [f"Command: `{data.get('command')}`.", ""]
+    lines += [f"Regenerate this page from the saved run with "
               f"`python -m kernel_dispatch.bench --from-json docs/{assets}/results.json --docs`.", "",
               "## How to read the numbers", ""]
     # conventions the run's JSON predates are the code's current wording of what it measured
