@@ -11,7 +11,9 @@
   relative error of the stack's output against eager on the first step.
 - Lazy attention: one training step (forward, backward, AdamW step) of a Llama-style model, SDPA against
   ``add_lazy_attention`` (window 512, tau -1) per backend.
-Times are medians of CUDA-event runs (kernel_dispatch.benchmarks.timing, L2 flushed before each).
+Times are medians of CUDA-event runs (kernel_dispatch.benchmarks.timing, L2 flushed before each), the rows of a table
+timed in alternation: every model of a table is in memory at once (the defaults take a few GiB each; a row that does
+not fit reports its out-of-memory error, and --backends can name fewer).
 """
 from __future__ import annotations
 
@@ -76,19 +78,42 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def _row(name: str, timer: Timer, step: Callable[[], object], check: Callable[[], float] | None = None) -> dict:
-    """Time ``step``; an exception (out of memory, an unavailable backend) becomes the row's error."""
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+
+
+def _built(make: Callable[[], Callable[[], object]]) -> Callable[[], object] | Exception:
+    """``make()``: a model's step; an exception while building it (out of memory, say) is returned instead."""
     try:
-        t = timer.measure(step)
+        return make()
+    except Exception as e:  # noqa: BLE001 - recorded in the table, the sweep goes on
+        _release()
+        return e
+
+
+def _rows(timer: Timer, steps: dict[str, Callable[[], object] | Exception],
+          checks: dict[str, Callable[[], float]] | None = None) -> list[dict]:
+    """Time the steps in alternation (``Timer.measure_interleaved``: under a power cap the clocks move between
+    steps timed one after the other, so every step is timed across the same span), then run each one's check;
+    an exception (out of memory, an unavailable backend) becomes its row's error."""
+    ready = {name: step for name, step in steps.items() if not isinstance(step, Exception)}
+    timed = {**{name: e for name, e in steps.items() if isinstance(e, Exception)},
+             **(timer.measure_interleaved(ready) if ready else {})}
+    rows = []
+    for name in steps:
+        t = timed[name]
+        if isinstance(t, Exception):
+            rows.append({"name": name, "error": _error(t)})
+            continue
         row = {"name": name, "ms": t["median_ms"], "q1_ms": t["q1_ms"], "q3_ms": t["q3_ms"], "reps": t["reps"],
                "peak_mib": t["peak_mib"], "first_call_s": t["first_call_s"]}
-        if check is not None:
-            row["check_rel_err"] = check()
-        return row
-    except Exception as e:  # noqa: BLE001 - recorded in the table, the sweep goes on
-        return {"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
-    finally:
-        _release()
+        try:
+            if checks and name in checks:
+                row["check_rel_err"] = checks[name]()
+        except Exception as e:  # noqa: BLE001
+            row = {"name": name, "error": _error(e)}
+        rows.append(row)
+    return rows
 
 
 def _deepseek_v4(s: MHCBench, device: torch.device, dtype: torch.dtype):
@@ -128,13 +153,16 @@ def bench_mhc(s: MHCBench, backends: tuple[str, ...], timer: Timer, device: torc
         return run
 
     reference = step(eager)()
-    rows = [_row("eager mHC (transformers)", timer, step(eager))]
+    steps: dict[str, Callable[[], object] | Exception] = {"eager mHC (transformers)": step(eager)}
+    checks = {}
     for backend in backends:
-        kernel = use_kernel_mhc(copy.deepcopy(eager), backend=backend)
-        run = step(kernel)
-        rows.append(_row(f"kernel mHC, {backend}", timer, run, lambda run=run: rel_err(run(), reference)))
-        del kernel, run
-        _release()
+        name = f"kernel mHC, {backend}"
+        steps[name] = _built(lambda backend=backend: step(use_kernel_mhc(copy.deepcopy(eager), backend=backend)))
+        if not isinstance(steps[name], Exception):
+            checks[name] = lambda run=steps[name]: rel_err(run(), reference)
+    rows = _rows(timer, steps, checks)
+    del steps, checks
+    _release()
     return rows
 
 
@@ -165,15 +193,17 @@ def bench_llama(s: LlamaBench, backends: tuple[str, ...], timer: Timer, device: 
             opt.step()
         return run
 
-    rows = []
-    for backend in ("sdpa",) + backends:
+    def model_step(backend: str) -> Callable[[], None]:
         model = _llama(s, device, dtype)
         if backend != "sdpa":
             add_lazy_attention(model, window=s.window, tau_init=-1.0, backend=backend)
-        rows.append(_row("SDPA (transformers)" if backend == "sdpa" else f"lazy attention, {backend}", timer,
-                         step(model)))
-        del model
-        _release()
+        return step(model)
+
+    steps = {"SDPA (transformers)" if backend == "sdpa" else f"lazy attention, {backend}":
+             _built(lambda backend=backend: model_step(backend)) for backend in ("sdpa",) + backends}
+    rows = _rows(timer, steps)
+    del steps
+    _release()
     return rows
 
 
@@ -198,32 +228,34 @@ def main(argv: list[str] | None = None) -> dict:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny configs on the CPU with golden (seconds)")
     p.add_argument("--only", choices=("mhc", "llama"), help="run one of the two tables")
-    p.add_argument("--backends", default=None, help="comma list (default: tilelang,triton on CUDA; golden smoke)")
+    p.add_argument("--backends", default=None, help="comma list for both tables (default on CUDA: tilelang,triton "
+                   "for mHC, cute,tilelang,triton for lazy attention; golden with --smoke)")
     p.add_argument("--json", help="also write the rows and the environment to this file")
     args = p.parse_args(argv)
     from transformers import __version__ as transformers_version
 
     if args.smoke:
         device, dtype = torch.device("cpu"), torch.float32
-        timer = Timer(device, Settings(warmup=0, min_reps=1, max_reps=2, budget_s=0.0))
-        mhc, llama, default = SMOKE_MHC, SMOKE_LLAMA, ("golden",)
+        timer = Timer(device, Settings(warmup=0, min_reps=1, max_reps=2, budget_s=0.0, rounds=2))
+        mhc, llama, defaults = SMOKE_MHC, SMOKE_LLAMA, {"mhc": ("golden",), "llama": ("golden",)}
     else:
         if not torch.cuda.is_available():
             p.error("no CUDA device: run with --smoke on a CPU")
         device, dtype = torch.device("cuda"), torch.bfloat16
         timer = Timer(device, Settings(warmup=2, min_reps=5, max_reps=20, budget_s=3.0))
-        mhc, llama, default = MHCBench(), LlamaBench(), ("tilelang", "triton")
-    backends = tuple(b for b in args.backends.split(",") if b) if args.backends else default
+        mhc, llama = MHCBench(), LlamaBench()
+        defaults = {"mhc": ("tilelang", "triton"), "llama": ("cute", "tilelang", "triton")}
+    chosen = tuple(b for b in args.backends.split(",") if b) if args.backends else None
     env = {**report.environment(device), "transformers": transformers_version}
     data: dict = {"env": env, "smoke": args.smoke, "dtype": str(dtype).replace("torch.", "")}
     out = [f"{env['card']}, torch {env['torch']}, transformers {env['transformers']}, triton {env['triton']}, "
            f"tilelang {env['tilelang']}, commit {env['git_commit']}, {data['dtype']}"]
     if args.only in (None, "mhc"):
-        data["mhc"] = {"shape": asdict(mhc), "rows": bench_mhc(mhc, backends, timer, device, dtype)}
+        data["mhc"] = {"shape": asdict(mhc), "rows": bench_mhc(mhc, chosen or defaults["mhc"], timer, device, dtype)}
         out.append(_table(f"DeepSeek-V4 stack, forward+backward: {mhc.layers} layers, hidden {mhc.hidden}, "
                           f"{mhc.hc_mult} streams, {mhc.tokens} tokens", data["mhc"]["rows"], "eager"))
     if args.only in (None, "llama"):
-        data["llama"] = {"shape": asdict(llama), "rows": bench_llama(llama, backends, timer, device, dtype)}
+        data["llama"] = {"shape": asdict(llama), "rows": bench_llama(llama, chosen or defaults["llama"], timer, device, dtype)}
         out.append(_table(f"Llama-style training step (forward, backward, AdamW): {llama.layers} layers, hidden "
                           f"{llama.hidden}, {llama.heads} heads of {llama.hidden // llama.heads}, batch "
                           f"{llama.batch} x {llama.seq}, W {llama.window}", data["llama"]["rows"], "SDPA"))
