@@ -277,3 +277,15 @@ def test_merge_refuses_runs_that_do_not_share_a_page(gpu_like, change, message):
 def test_from_json_names_an_unreadable_file(tmp_path):
     with pytest.raises(SystemExit, match="cannot read .*missing.json"):
         bench.main(["--from-json", f"{tmp_path / 'missing.json'},{tmp_path / 'other.json'}", "--no-plots"])
+
+
+def test_attention_plot_draws_the_main_sweep_only():
+    """A point of another batch size merged into a run (B=2, L=16384 beside the sweep's B=1) stays off the lines."""
+    from kernel_dispatch.ops.lazy_attention_bench import main_sweep
+
+    def rec(B, L):
+        return {"shape": {"B": B, "H": 16, "L": L, "D": 128, "W": 512}, "backend": "cute"}
+
+    records = [rec(16, 1024), rec(4, 4096), rec(1, 16384), rec(1, 32768), rec(2, 16384)]
+    tokens, kept = main_sweep(records)
+    assert tokens == 16384 and kept == records[:4]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,11 +230,20 @@ PLOT_FILE = "lazy_attention_time.png"
 PLOT_TITLE = "Lazy attention"
 
 
+def main_sweep(records: list[dict]) -> tuple[int, list[dict]]:
+    """The run's main sweep: its most common B * L (the tokens of a point) and the records with B = max(1, tokens
+    // L); a point of another batch size at the same L (a --tokens run merged in) is left out."""
+    tokens = Counter(r["shape"]["B"] * r["shape"]["L"] for r in records).most_common(1)[0][0]
+    return tokens, [r for r in records if r["shape"]["B"] == max(1, tokens // r["shape"]["L"])]
+
+
 def plot(records: list[dict], path: Path, title: str) -> Path | None:
-    """Median time (ms, log) vs L (log) per backend; columns are head dims, rows fwd and fwd+bwd."""
-    Ds = sorted({r["shape"]["D"] for r in records})
-    if not Ds:
+    """Median time (ms, log) vs L (log) per backend; columns are head dims, rows fwd and fwd+bwd; the points of
+    :func:`main_sweep` (the others are in the table)."""
+    if not records:
         return None
+    tokens, records = main_sweep(records)
+    Ds = sorted({r["shape"]["D"] for r in records})
     plt = plots.pyplot()
     fig, axes = plots.grid(plt, len(Ds), title)
     styles = plots.styles(records)
@@ -246,7 +256,7 @@ def plot(records: list[dict], path: Path, title: str) -> Path | None:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"D = {D}, {label}")
-            ax.set_xlabel("L (tokens; B = tokens // L)")
+            ax.set_xlabel(f"L (B = {tokens} // L, at least 1)")
             ax.set_ylabel("median time (ms)")
     return plots.save(plt, fig, path)
 
