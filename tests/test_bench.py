@@ -289,3 +289,16 @@ def test_attention_plot_draws_the_main_sweep_only():
     records = [rec(16, 1024), rec(4, 4096), rec(1, 16384), rec(1, 32768), rec(2, 16384)]
     tokens, kept = main_sweep(records)
     assert tokens == 16384 and kept == records[:4]
+
+
+def test_fraction_axis_never_cuts_a_point_off():
+    from kernel_dispatch.benchmarks import plots
+
+    plt = plots.pyplot()
+    fig, axes = plots.grid(plt, 2, "t")
+    axes[0][0].plot([1, 2], [0.5, 1.08])
+    axes[0][1].plot([1, 2], [0.2, 0.4])
+    for ax in axes[0]:
+        plots.fraction_axis(ax)
+    assert axes[0][0].get_ylim()[1] >= 1.08 and axes[0][1].get_ylim() == (0.0, 1.05)
+    plt.close(fig)

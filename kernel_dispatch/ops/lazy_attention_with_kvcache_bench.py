@@ -258,7 +258,7 @@ def plot(records: list[dict], path: Path, title: str) -> Path | None:
             if row:
                 ax.set_yscale("log")
             else:
-                ax.set_ylim(0, 1.05)
+                plots.fraction_axis(ax)
             ax.set_title(f"B = {B}")
             ax.set_xlabel("cache length n")
             ax.set_ylabel(ylabel)

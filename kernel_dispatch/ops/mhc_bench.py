@@ -253,7 +253,7 @@ def plot(records: list[dict], path: Path, title: str) -> Path | None:
         for col, T in enumerate(Ts):
             ax = axes[row][col]
             plots.draw(ax, panels.get(T, {}), styles)
-            ax.set_ylim(0, 1.05)
+            plots.fraction_axis(ax)
             ax.set_title(f"T = {T}, {label}")
             ax.set_xlabel("D (hidden size)")
             ax.set_ylabel("fraction of the speed of light")
