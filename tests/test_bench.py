@@ -302,3 +302,14 @@ def test_fraction_axis_never_cuts_a_point_off():
         plots.fraction_axis(ax)
     assert axes[0][0].get_ylim()[1] >= 1.08 and axes[0][1].get_ylim() == (0.0, 1.05)
     plt.close(fig)
+
+
+def test_every_backend_and_baseline_has_its_own_colour():
+    from kernel_dispatch import registry
+    from kernel_dispatch.benchmarks import plots
+    from kernel_dispatch.benchmarks.common import baselines
+
+    names = registry.BACKEND_NAMES + baselines()
+    records = [{"backend": n, "kind": "kernel" if n in registry.BACKEND_NAMES else "baseline"} for n in names]
+    colours = [s["color"] for s in plots.styles(records).values()]
+    assert len(set(colours)) == len(names) == len(colours)

@@ -60,8 +60,16 @@ def styles(records) -> dict:
     """Kernels solid, baselines dashed, one colour per backend or baseline in every plot."""
     order = registry.BACKEND_NAMES + baselines()
     kinds = {r["backend"]: r["kind"] for r in records}
-    return {n: {"color": f"C{order.index(n) if n in order else len(order)}",
+    return {n: {"color": _color(order.index(n) if n in order else len(order)),
                 "linestyle": "-" if k == "kernel" else "--"} for n, k in kinds.items()}
+
+
+EXTRA_COLORS = ("black", "darkgoldenrod", "navy", "lime", "maroon", "slategray")  # after matplotlib's ten
+
+
+def _color(i: int) -> str:
+    """Colour i of the plots: matplotlib's ten (C0..C9), then EXTRA_COLORS, so no two names share one."""
+    return f"C{i}" if i < 10 else EXTRA_COLORS[(i - 10) % len(EXTRA_COLORS)]
 
 
 def save(plt, fig, path: Path) -> Path:
