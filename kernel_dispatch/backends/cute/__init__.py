@@ -12,11 +12,11 @@ CAPABILITIES = {
         devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
         notes="Hopper (sm_90) only; kernels prebuilt (python -m kernel_dispatch.backends.cute.build) or compiled at "
               "first use where the DSL is installed; fp32 and float64: no; non-contiguous inputs are copied; first "
-              "in auto: its fwd+bwd is the fastest here (H100: 1.42-1.53x of cuDNN against TileLang's 2.01x at "
-              "D=128, 1.61-1.64x against 2.04x at D=64)"),
+              "in auto: the fastest here at every benchmarked shape (H200, docs/benchmarks.md: fwd+bwd 1.42x of "
+              "cuDNN against TileLang's 2.06x at D=128, 1.60x against 2.25x at D=64)"),
 }
-# First in auto where it runs: on an H100 its forward + backward is the fastest lazy attention here at D = 128 and
-# D = 64 (docs/cute-backend.md, "Speed").
+# First in auto where it runs: its forward and forward + backward are the fastest lazy attention here at every
+# benchmarked shape (docs/benchmarks.md; docs/cute-backend.md, "Speed").
 PRIORITY = {"lazy_attention": 40}
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}

@@ -18,9 +18,9 @@ CAPABILITIES = {
     "lazy_attention": LazyAttentionCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16), head_dims=(64, 128),
                                    notes="Hopper (sm_90a) kernels, checked on H200 and H100; fp32 and float64: no "
                                          "(TileLang's fp32 GEMM is TF32); non-contiguous inputs are copied; ahead of "
-                                         "Triton in auto: faster than Triton on every benchmarked forward and fwd+bwd (H100) "
-                                         "but one fwd+bwd, L=32768, D=64, a tie within run-to-run noise (30.71 vs "
-                                         "30.51 ms; 30.72 vs 31.26 in the run before)"),
+                                         "Triton in auto: faster than Triton on every benchmarked forward and on "
+                                         "every fwd+bwd but D=64 at L >= 16384 (H200, docs/benchmarks.md: 8.626 vs "
+                                         "8.553 ms, 32.58 vs 31.28; on an H100 only L=32768, 30.71 vs 30.51)"),
     "lazy_attention_varlen": VarlenCaps(devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
                                         head_dims=(64, 128),
                                         notes="the lazy_attention kernels in their packed-documents form: "
