@@ -121,6 +121,9 @@ def load_saved(paths: list[Path], json_path: Path | None) -> tuple[dict, Path]:
             loaded.append((path, json.loads(path.read_text())))
         except (OSError, ValueError) as e:
             raise SystemExit(f"--from-json: cannot read {path} ({e})")
+        if not isinstance(loaded[-1][1], dict) or not {"env", "records"} <= loaded[-1][1].keys():
+            raise SystemExit(f"--from-json: {path} is not a saved benchmark run (expected a JSON object with env "
+                             "and records, as --json writes)")
     if len(loaded) == 1:
         return loaded[0][1], paths[0]
     try:

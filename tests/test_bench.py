@@ -259,7 +259,8 @@ def test_saved_runs_merge_into_one_page(gpu_like, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda a, b: b["env"].update(card="NVIDIA H200"), r"b\.json: env\.card is 'NVIDIA H200', a\.json has 'NVIDIA H100"),
+    (lambda a, b: b["env"].update(card="NVIDIA H200"),
+     r"b\.json: env\.card is 'NVIDIA H200', a\.json has 'NVIDIA H100"),
     (lambda a, b: b["env"].update(git_commit="abc1234"), r"env\.git_commit is 'abc1234'"),
     (lambda a, b: b.update(records=b["records"] + a["records"][:1]), r"b\.json: lazy_attention .* is also in a\.json"),
     (lambda a, b: a.update(copy_gbps=1000.0), r"a\.json and b\.json each measured the copy bandwidth"),
@@ -277,6 +278,10 @@ def test_merge_refuses_runs_that_do_not_share_a_page(gpu_like, change, message):
 def test_from_json_names_an_unreadable_file(tmp_path):
     with pytest.raises(SystemExit, match="cannot read .*missing.json"):
         bench.main(["--from-json", f"{tmp_path / 'missing.json'},{tmp_path / 'other.json'}", "--no-plots"])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"records": []}))
+    with pytest.raises(SystemExit, match="other.json is not a saved benchmark run"):
+        bench.main(["--from-json", str(other), "--no-plots"])
 
 
 def test_attention_plot_draws_the_main_sweep_only():

@@ -40,7 +40,7 @@ def grid(plt, ncols: int, title: str):
 
 def fraction_axis(ax) -> None:
     """A linear axis from 0 for fractions of the speed of light, with a dotted line at 1; it reaches past 1 where a
-    point does (a baseline read faster than the copy bandwidth, from the L2 say), never cutting a point off."""
+    point does (a baseline measured faster than the copy bandwidth), never cutting a point off."""
     top = ax.dataLim.ymax if ax.has_data() else 1.0
     ax.set_ylim(0, max(1.05, 1.05 * top))
     ax.axhline(1.0, color="0.5", linestyle=":", linewidth=1)

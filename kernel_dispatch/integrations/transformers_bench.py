@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from ..benchmarks import report
+from ..benchmarks.common import short_error
 from ..benchmarks.timing import Settings, Timer
 from ..testing.matrix import rel_err
 
@@ -78,10 +79,6 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def _error(e: Exception) -> str:
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-
-
 def _built(make: Callable[[], Callable[[], object]]) -> Callable[[], object] | Exception:
     """``make()``: a model's step; an exception while building it (out of memory, say) is returned instead."""
     try:
@@ -103,7 +100,7 @@ def _rows(timer: Timer, steps: dict[str, Callable[[], object] | Exception],
     for name in steps:
         t = timed[name]
         if isinstance(t, Exception):
-            rows.append({"name": name, "error": _error(t)})
+            rows.append({"name": name, "error": short_error(t)})
             continue
         row = {"name": name, "ms": t["median_ms"], "q1_ms": t["q1_ms"], "q3_ms": t["q3_ms"], "reps": t["reps"],
                "peak_mib": t["peak_mib"], "first_call_s": t["first_call_s"]}
@@ -111,7 +108,7 @@ def _rows(timer: Timer, steps: dict[str, Callable[[], object] | Exception],
             if checks and name in checks:
                 row["check_rel_err"] = checks[name]()
         except Exception as e:  # noqa: BLE001
-            row = {"name": name, "error": _error(e)}
+            row = {"name": name, "error": short_error(e)}
         rows.append(row)
     return rows
 
@@ -251,11 +248,13 @@ def main(argv: list[str] | None = None) -> dict:
     out = [f"{env['card']}, torch {env['torch']}, transformers {env['transformers']}, triton {env['triton']}, "
            f"tilelang {env['tilelang']}, commit {env['git_commit']}, {data['dtype']}"]
     if args.only in (None, "mhc"):
-        data["mhc"] = {"shape": asdict(mhc), "rows": bench_mhc(mhc, chosen or defaults["mhc"], timer, device, dtype)}
+        rows = bench_mhc(mhc, chosen or defaults["mhc"], timer, device, dtype)
+        data["mhc"] = {"shape": asdict(mhc), "rows": rows}
         out.append(_table(f"DeepSeek-V4 stack, forward+backward: {mhc.layers} layers, hidden {mhc.hidden}, "
                           f"{mhc.hc_mult} streams, {mhc.tokens} tokens", data["mhc"]["rows"], "eager"))
     if args.only in (None, "llama"):
-        data["llama"] = {"shape": asdict(llama), "rows": bench_llama(llama, chosen or defaults["llama"], timer, device, dtype)}
+        rows = bench_llama(llama, chosen or defaults["llama"], timer, device, dtype)
+        data["llama"] = {"shape": asdict(llama), "rows": rows}
         out.append(_table(f"Llama-style training step (forward, backward, AdamW): {llama.layers} layers, hidden "
                           f"{llama.hidden}, {llama.heads} heads of {llama.hidden // llama.heads}, batch "
                           f"{llama.batch} x {llama.seq}, W {llama.window}", data["llama"]["rows"], "SDPA"))
