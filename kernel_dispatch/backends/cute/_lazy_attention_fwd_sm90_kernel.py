@@ -372,6 +372,16 @@ class LazyAttentionFwdSm90(HopperKernel):
                 acc_mn[r, c] = a
 
     @cute.jit
+    def _row_constants(self, lse2, thr, tau_h, tOcO_mn, m0, lb):
+        """lse2 (holding each row's stored LSE) <- its log2 LSE, as the backward recovers it; thr <- tau / i."""
+        for r in cutlass.range_constexpr(cute.size(lse2.shape[0])):
+            lse2[r] = lse2[r] * LOG2E
+            if cutlass.const_expr(self.causal):
+                thr[r] = tau_h / cutlass.Float32(m0 + tOcO_mn[r, 0][0] + 1)
+            else:
+                thr[r] = tau_h / cutlass.Float32(lb)
+
+    @cute.jit
     def _relu_rows(self, acc_mn, lse2, thr, sc2, raw: cutlass.Constexpr):
         """Scores without masks (``raw``: q.k, scaled here) -> A = relu(exp2(min(S2 - lse2, 0)) + tau / i)."""
         zero = cutlass.Float32(0.0)
@@ -513,14 +523,11 @@ class LazyAttentionFwdSm90(HopperKernel):
                                    cute.make_layout(CTA_TABLE // 2))
             cta = cta_table_extent(W, L, BM, BN, self.causal, CTA_TABLE // 2)
 
-            # ---------------- each row's log2 LSE (lse_sm90's, as the backward recovers it) and tau / i
+            # ---------------- each row's LSE and its head's tau, loaded here and first used after the tile's first
+            # score GEMM is issued (``_row_constants``): the loads' latency runs under the Q wait and that GEMM
             for r in cutlass.range_constexpr(n_rows):
-                m = m0 + tOcO_mn[r, 0][0]
-                lse2[r] = mLSE[b, h, cutlass.min(m, L - 1)] * LOG2E
-                if cutlass.const_expr(self.causal):
-                    thr[r] = mTau[h] / cutlass.Float32(m + 1)
-                else:
-                    thr[r] = mTau[h] / cutlass.Float32(lb)
+                lse2[r] = mLSE[b, h, cutlass.min(m0 + tOcO_mn[r, 0][0], L - 1)]
+            tau_h = mTau[h]
 
             # ---------------- Q: wait for its TMA; rows at positions >= lengths[b] become zeros
             q_pipe.consumer_wait(q_state)
@@ -542,6 +549,7 @@ class LazyAttentionFwdSm90(HopperKernel):
             if n_blocks > 0:
                 kv_pipe.consumer_wait(kv_state)  # K(0) landed
                 self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
+                self._row_constants(lse2, thr, tau_h, tOcO_mn, m0, lb)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 if n_blocks == 1:
