@@ -31,7 +31,9 @@ work instead of a new CTA's launch.
   (PINGPONG): the two warpgroups take turns issuing their GEMMs, so one warpgroup's GEMMs run on the tensor cores
   while the other computes its exponentials. Each row's log2 LSE is the stored LSE times log2 e (what the
   backward recovers too); P = exp2(min(S2 - lse2, 0)), A = relu(P + tau / i) re-masked, O += A V (no
-  renormalisation). One turn issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's
+  renormalisation): per score one FFMA, the exp2 and one FADD give P + tau / i in fp32 (masked entries 0 by a
+  select), and the conversion to A's 16-bit pairs applies the relu (``cvt.rn.relu``) and the cap P <= 1 as a
+  halfwise min with max(1 + tau / i, 0) (``min.NaN``), one instruction each per pair (``_to_a``). One turn issues tile nb's score GEMM and tile nb - 1's A V GEMM (two groups), and tile nb's
   exponentials run under the latter (FlashAttention-3's intra-warpgroup overlap). No accumulator is in flight
   across a loop's back edge: one that is makes ptxas serialise every wgmma of the kernel (warning C7514; 16 %
   slower, measured). On free tiles each exp2 argument is one FFMA on q.k (so the scale must be >= 0: the launcher
@@ -165,6 +167,29 @@ DEPENDENT_LAUNCH = True
 # to it too, and so does "no_tiles"; "no_max" (lse_sm90 only) skips its free tiles' row max.
 ABLATE = ""
 
+
+
+def _x2(dtype) -> str:
+    return "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
+
+
+@cute.jit
+def packed_relu(hi, lo, dtype) -> cutlass.Int32:
+    """max(hi, 0), max(lo, 0) (fp32) rounded to ``dtype`` (bf16 / fp16) and packed, lo in the low half; NaN stays
+    NaN (``cvt.rn.relu``)."""
+    return cutlass.Int32(llvm.inline_asm(
+        cutlass.Int32.mlir_type, [cutlass.Float32(hi).ir_value(), cutlass.Float32(lo).ir_value()],
+        f"cvt.rn.relu.{_x2(dtype)}.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def packed_min(a, b, dtype) -> cutlass.Int32:
+    """The halfwise minimum of two packed pairs of ``dtype``; NaN if either is (``min.NaN``)."""
+    return cutlass.Int32(llvm.inline_asm(
+        cutlass.Int32.mlir_type, [cutlass.Int32(a).ir_value(), cutlass.Int32(b).ir_value()],
+        f"min.NaN.{_x2(dtype)} $0, $1, $2;", "=r,r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 class LazyAttentionFwdSm90(HopperKernel):
@@ -308,6 +333,8 @@ class LazyAttentionFwdSm90(HopperKernel):
         per-tile fills. The bias of a non-free tile comes from the CTA's table or, where W is too large for it, a
         per-tile table filled here (``cta``: :class:`_tiles.CtaTable`)."""
         free, masked = tile_class(m0, n0, lb, W, BM, BN, self.causal)
+        if cutlass.const_expr("mask_free" in ABLATE.split("+")):  # timing only: every tile folds as a free one
+            free = True
         if not free:
             tbl_pipe.consumer_wait(tbl_state)  # the tile's table complete
         tbl, span, fills = tile_table(sT, cta, fills, not free, ctid, m0, n0, W, mBias, h, BM, BN, TABLE, self.causal,
@@ -317,16 +344,16 @@ class LazyAttentionFwdSm90(HopperKernel):
 
     @cute.jit
     def _elastic_rows(self, acc_mn, free, masked, span, tScS_mn, tbl, m0, n0, lb, sc2, lse2, thr):
-        """A tile's raw scores -> A = relu(P + tau / i) in place, P = exp2(min(S2 - lse2, 0)), masked entries 0.
-        min and max are the NaN-propagating FMNMX (one instruction each; a compare and select is two)."""
+        """A tile's raw scores -> P + tau / i in place, P = exp2(S2 - lse2), masked entries 0 (by a select: a masked
+        score, NaN included, never reaches them); :meth:`_to_a` applies the relu and caps P at 1 as it packs A."""
         if cutlass.const_expr("loads_only" in ABLATE.split("+")):
             return
         zero = cutlass.Float32(0.0)
         if free:
-            self._relu_rows(acc_mn, lse2, thr, sc2, True)
+            self._shifted_rows(acc_mn, lse2, thr, sc2, True)
         elif not masked:
             self._scores(acc_mn, tScS_mn, tbl, m0, n0, lb, sc2, masked, span)
-            self._relu_rows(acc_mn, lse2, thr, sc2, False)
+            self._shifted_rows(acc_mn, lse2, thr, sc2, False)
         elif self.causal and n0 + BN <= lb:
             self._diagonal_rows(acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr)
         else:
@@ -334,9 +361,8 @@ class LazyAttentionFwdSm90(HopperKernel):
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                 for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                     s2 = acc_mn[r, c]
-                    p = self._exp2(cute.arch.fmin(s2 - lse2[r], zero, nan=True))
-                    a = cute.arch.fmax(p + thr[r], zero, nan=True)
-                    acc_mn[r, c] = zero if s2 == -cutlass.Float32.inf else a
+                    y = self._exp2(s2 - lse2[r]) + thr[r]
+                    acc_mn[r, c] = zero if s2 == -cutlass.Float32.inf else y
 
     @cute.jit
     def _diagonal_rows(self, acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr):
@@ -359,37 +385,51 @@ class LazyAttentionFwdSm90(HopperKernel):
     @cute.jit
     def _diagonal_part(self, acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr, cols: cutlass.Constexpr,
                        mask: cutlass.Constexpr):
-        """A of the diagonal tile's columns ``cols``, by the causal mask where ``mask``."""
+        """P + tau / i of the diagonal tile's columns ``cols``, 0 where the causal mask cuts (where ``mask``)."""
         zero = cutlass.Float32(0.0)
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
             i = tScS_mn[r, 0][0]
             for c in cutlass.range_constexpr(cols.start, cols.stop):
                 j = tScS_mn[0, c][1]
                 x = acc_mn[r, c] * sc2 + tbl[i - j + (BN - 1)] - lse2[r]
-                a = cute.arch.fmax(self._exp2(cute.arch.fmin(x, zero, nan=True)) + thr[r], zero, nan=True)
+                a = self._exp2(x) + thr[r]
                 if cutlass.const_expr(mask):
                     a = a if n0 + j <= m0 + i else zero
                 acc_mn[r, c] = a
 
     @cute.jit
-    def _row_constants(self, lse2, thr, tau_h, tOcO_mn, m0, lb):
-        """lse2 (holding each row's stored LSE) <- its log2 LSE, as the backward recovers it; thr <- tau / i."""
+    def _row_constants(self, lse2, thr, cap, tau_h, tOcO_mn, m0, lb):
+        """lse2 (holding each row's stored LSE) <- its log2 LSE, as the backward recovers it; thr <- tau / i; cap <-
+        max(1 + tau / i, 0) as a packed pair of the 16-bit type (:meth:`_to_a`)."""
         for r in cutlass.range_constexpr(cute.size(lse2.shape[0])):
             lse2[r] = lse2[r] * LOG2E
             if cutlass.const_expr(self.causal):
                 thr[r] = tau_h / cutlass.Float32(m0 + tOcO_mn[r, 0][0] + 1)
             else:
                 thr[r] = tau_h / cutlass.Float32(lb)
+            one = thr[r] + 1.0
+            cap[r] = packed_relu(one, one, self.dtype)
 
     @cute.jit
-    def _relu_rows(self, acc_mn, lse2, thr, sc2, raw: cutlass.Constexpr):
-        """Scores without masks (``raw``: q.k, scaled here) -> A = relu(exp2(min(S2 - lse2, 0)) + tau / i)."""
-        zero = cutlass.Float32(0.0)
+    def _shifted_rows(self, acc_mn, lse2, thr, sc2, raw: cutlass.Constexpr):
+        """Scores without masks (``raw``: q.k, scaled here) -> P + tau / i = exp2(S2 - lse2) + tau / i."""
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 x = acc_mn[r, c] * sc2 - lse2[r] if cutlass.const_expr(raw) else acc_mn[r, c] - lse2[r]
-                p = self._exp2(cute.arch.fmin(x, zero, nan=True))
-                acc_mn[r, c] = cute.arch.fmax(p + thr[r], zero, nan=True)
+                acc_mn[r, c] = self._exp2(x) + thr[r]
+
+    @cute.jit
+    def _to_a(self, acc_S, tOrP, cap):
+        """The A operand of O += A V from acc_S's P + tau / i (fp32): A = min(relu(P + tau / i), cap) with cap =
+        max(1 + tau / i, 0) per row, the relu in the packing conversion and the min on the packed pair, both keeping
+        NaN. That is relu(min(P, 1) + tau / i) rounded to the 16-bit type, as SPEC's P = exp2(min(S2 - LSE2, 0))
+        gives it: P <= 1 whatever the rounding (rounding to nearest is monotone, so capping before or after it is
+        one value). Element pair (2k, 2k + 1) of the m64nN accumulator ((2, 2, N/8), 1, 1) is columns (c, c + 1) of
+        the thread's row k % 2: one 32-bit register of A."""
+        assert cute.size(acc_S.shape[1]) == 1 and cute.size(acc_S.shape[2]) == 1
+        packed = cute.recast_tensor(tOrP, cutlass.Int32)
+        for k in cutlass.range_constexpr(cute.size(packed)):
+            packed[k] = packed_min(packed_relu(acc_S[2 * k + 1], acc_S[2 * k], self.dtype), cap[k % 2], self.dtype)
 
     @cute.jit
     def _load(self, kv_pipe, kv_state, tma, src, stages, count):
@@ -482,7 +522,6 @@ class LazyAttentionFwdSm90(HopperKernel):
         # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
         # by k-block of 16 columns), so acc_S converts element by element
         tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((WM, BN)), dt)
-        tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
 
         # coordinates within the CTA's [BM, BN] / [BM, D] tiles (this warpgroup's rows: WM * wg + 0 .. WM - 1)
         cS = cute.local_tile(cute.make_identity_tensor((BM, BN)), (WM, BN), (wg, 0))
@@ -495,6 +534,7 @@ class LazyAttentionFwdSm90(HopperKernel):
 
         lse2 = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
         thr = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        cap = cute.make_rmem_tensor((n_rows,), cutlass.Int32)
 
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHEDULE_STAGES)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -549,7 +589,7 @@ class LazyAttentionFwdSm90(HopperKernel):
             if n_blocks > 0:
                 kv_pipe.consumer_wait(kv_state)  # K(0) landed
                 self._issue_s(qk_mma, qk_rest, acc_S, tSrQ, tSrK, kv_state.index, wg)
-                self._row_constants(lse2, thr, tau_h, tOcO_mn, m0, lb)
+                self._row_constants(lse2, thr, cap, tau_h, tOcO_mn, m0, lb)
                 warpgroup.wait_group(0)
                 kv_pipe.consumer_release(kv_state)
                 if n_blocks == 1:
@@ -557,7 +597,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 kv_state.advance()
                 fills = self._tile(acc_S_mn, 0, sTk, fills, ctid, m0, lb, W, mBias, h, tScS_mn, sc2, lse2, thr,
                                    cta, tbl_pipe, tbl_read)
-                tOrP_as_S.store(acc_S.load().to(dt))
+                self._to_a(acc_S, tOrP, cap)
             for nb in cutlass.range(1, n_blocks, unroll=1):
                 n0 = nb * BN
                 k_state = kv_state.clone()
@@ -581,7 +621,7 @@ class LazyAttentionFwdSm90(HopperKernel):
                 warpgroup.wait_group(0)  # A V of tile nb - 1 complete: its A registers and V(nb - 1) are free
                 kv_pipe.consumer_release(kv_state)
                 kv_state.advance()
-                tOrP_as_S.store(acc_S.load().to(dt))
+                self._to_a(acc_S, tOrP, cap)
             if n_blocks > 0:
                 kv_pipe.consumer_wait(kv_state)  # V(n - 1) landed
                 self._zero_v_rows(sV, kv_state.index, (n_blocks - 1) * BN, lb, L, ctid)
