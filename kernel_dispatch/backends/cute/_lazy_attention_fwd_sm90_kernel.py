@@ -164,12 +164,13 @@ DEPENDENT_LAUNCH = True
 # load or all of them (the stage keeps stale data; the producer completes its barrier's bytes itself); "no_tiles"
 # runs no key tile at all (what is left: each tile's prologue and its O store of zeros); several joined by "+"; "" is
 # the kernel. lse_sm90's row folds go through this module's _exp2 and _gemm_s: "no_exp" and "no_gemm" set here apply
-# to it too, and so does "no_tiles"; "no_max" (lse_sm90 only) skips its free tiles' row max.
+# to it too, and so does "no_tiles"; "no_max" (lse_sm90 only) skips its free tiles' row max; "mask_free" (both
+# kernels) folds every tile as a free one (no bias, no mask).
 ABLATE = ""
 
 
-
 def _x2(dtype) -> str:
+    """The PTX type of a pair of ``dtype`` (bf16 or fp16)."""
     return "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
 
 
@@ -520,7 +521,7 @@ class LazyAttentionFwdSm90(HopperKernel):
         acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WM, D)))
         # the A operand of O += A V: same registers order as acc_S (for 16-bit types the accumulator of
         # m64nNk16 and the register A operand of m64nDk16 hold a thread's values in the same order, k-block
-        # by k-block of 16 columns), so acc_S converts element by element
+        # by k-block of 16 columns), so acc_S converts pair by pair (_to_a)
         tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((WM, BN)), dt)
 
         # coordinates within the CTA's [BM, BN] / [BM, D] tiles (this warpgroup's rows: WM * wg + 0 .. WM - 1)
