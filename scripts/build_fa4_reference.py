@@ -15,6 +15,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 B, H, L = 4, 16, 4096  # the fake tensors' sizes; the compiled function takes any (its layouts are dynamic)
 
@@ -27,6 +28,8 @@ def build_one(out: str, D: int, DV: int) -> str:
 
     from flash_attn.cute import interface
 
+    from kernel_dispatch.backends.cute.build import export_shared_object
+
     with FakeTensorMode():
         q = torch.empty(B, L, H, D, dtype=torch.bfloat16, device="cuda")
         v = torch.empty(B, L, H, DV, dtype=torch.bfloat16, device="cuda")
@@ -35,11 +38,9 @@ def build_one(out: str, D: int, DV: int) -> str:
     if len(compiled) != 1:
         raise RuntimeError(f"expected one compiled forward, the cache holds {len(compiled)}")
     name = f"fa4_fwd_sm90_d{D}" + (f"_dv{DV}" if DV != D else "")
-    obj, lib = os.path.join(out, f"{name}.o"), os.path.join(out, f"{name}.so")
-    compiled[0].export_to_c(obj, function_name=name)
-    subprocess.run(["gcc", "-shared", "-o", lib, obj], check=True)
-    os.remove(obj)
-    return lib
+    obj, lib = export_shared_object(compiled[0], name, Path(out))
+    obj.unlink()
+    return str(lib)
 
 
 def main():
@@ -52,9 +53,14 @@ def main():
     if a.one:
         print(build_one(a.out, *(int(x) for x in a.one.split(","))), flush=True)
         return
+    try:
+        jobs = [(D, D) for D in (int(x) for x in a.D.split(","))]
+        jobs += [(128, int(x)) for x in a.narrow_v.split(",") if x]
+    except ValueError:
+        p.error(f"--D and --narrow-v: expected comma lists of integers, got {a.D!r} and {a.narrow_v!r}")
+    if any(d % 8 or not 8 <= d <= 256 for job in jobs for d in job):
+        p.error("--D and --narrow-v: head dims must be multiples of 8 from 8 to 256 (FlashAttention-4's sm_90 range)")
     os.makedirs(a.out, exist_ok=True)
-    jobs = [(D, D) for D in (int(x) for x in a.D.split(","))]
-    jobs += [(128, int(x)) for x in a.narrow_v.split(",") if x]
     for D, DV in jobs:
         done = subprocess.run([sys.executable, __file__, a.out, f"--one={D},{DV}"], capture_output=True, text=True)
         if done.returncode != 0:

@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ def build(out: Path) -> dict:
     os.environ.setdefault("CUTE_DSL_ARCH", ARCH)
     import cutlass
     import cutlass.cute as cute
+
+    from kernel_dispatch.backends.cute.build import export_shared_object
 
     @cute.kernel
     def vector_add_kernel(a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, n: cutlass.Int32):
@@ -52,9 +53,7 @@ def build(out: Path) -> dict:
     start = time.perf_counter()
     compiled = cute.compile(vector_add, *fake, cutlass.Int32(0), options="--enable-tvm-ffi")
     seconds = time.perf_counter() - start
-    obj, lib = out / f"{NAME}.o", out / f"{NAME}.so"
-    compiled.export_to_c(str(obj), function_name=NAME)
-    subprocess.run(["gcc", "-shared", "-o", str(lib), str(obj)], check=True)
+    obj, lib = export_shared_object(compiled, NAME, out)
     manifest = {"kernels": [{"name": NAME, "symbol": f"__tvm_ffi_{NAME}", "file": lib.name, "arch": ARCH,
                              "args": ["a fp32 [n]", "b fp32 [n]", "c fp32 [n] (written)", "n int32"],
                              "compile_seconds": round(seconds, 2), "object_bytes": obj.stat().st_size,

@@ -99,12 +99,25 @@ def main():
     p.add_argument("--narrow-v", default="16,32", help="value widths of the FlashAttention-4 builds that time its "
                    "score pass with little A V work (fa4_fwd_sm90_d{D}_dv{DV}.so, where present)")
     a = p.parse_args()
+    try:
+        shapes = [tuple(int(x) for x in shape.split("x")) for shape in a.shapes.split(",")]
+        narrow_v = [int(x) for x in a.narrow_v.split(",") if x]
+    except ValueError:
+        p.error(f"--shapes / --narrow-v: expected BxLxD items such as 4x4096x128 and integers, got {a.shapes!r}, "
+                f"{a.narrow_v!r}")
+    if any(len(s) != 3 or s[2] not in (64, 128) or min(s) < 1 for s in shapes):
+        p.error(f"--shapes: expected BxLxD items with D 64 or 128 (the cute kernels' head dims), got {a.shapes!r}")
+    if a.rounds < 1 or a.calls < 1:
+        p.error("--rounds and --calls must be positive")
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA device (Hopper)")
+    for folder, what in ((a.fa4_dir, "fa4_dir"), (a.store, "store")):
+        if not os.path.isdir(folder):
+            p.error(f"{what}: expected a directory, got {folder!r}")
     tvm_ffi = load_runtime()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    for shape in a.shapes.split(","):
-        B, L, D = (int(x) for x in shape.split("x"))
-        time_shape(tvm_ffi, a.fa4_dir, a.store, B, L, D, a.rounds, a.calls,
-                   [int(x) for x in a.narrow_v.split(",") if x])
+    for B, L, D in shapes:
+        time_shape(tvm_ffi, a.fa4_dir, a.store, B, L, D, a.rounds, a.calls, narrow_v)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,11 @@ def test_saved_runs_merge_into_one_page(gpu_like, tmp_path, capsys):
     assert docs.render(json.loads(out.read_text()), "benchmarks", []) == page
     with pytest.raises(ValueError, match="merge the runs it came from"):
         merge.merge([(out, merged), (tmp_path / "a.json", a)])
+    # runs saved without conventions merge and render too (the page then states the code's current ones)
+    old_a, old_b = ({k: v for k, v in run.items() if k != "conventions"} for run in (a, b))
+    assert merge.merge([(Path("a.json"), old_a), (Path("b.json"), b)])["conventions"] == b["conventions"]
+    both_old = merge.merge([(Path("a.json"), old_a), (Path("b.json"), old_b)])
+    assert both_old["conventions"] == {} and "## How to read the numbers" in docs.render(both_old, "benchmarks", [])
 
 
 @pytest.mark.parametrize("change, message", [

@@ -60,8 +60,8 @@ def render(data: dict, assets: str, images: list[str]) -> str:
               f"`python -m kernel_dispatch.bench --from-json docs/{assets}/results.json --docs`.", "",
               "## How to read the numbers", ""]
     # conventions the run's JSON predates are the code's current wording of what it measured
-    conventions = {**data["conventions"],
-                   **{k: v for k, v in report.conventions().items() if k not in data["conventions"]}}
+    saved = data.get("conventions", {})
+    conventions = {**saved, **{k: v for k, v in report.conventions().items() if k not in saved}}
     lines += [f"- **{k.replace('_', ' ')}**: {v}." for k, v in conventions.items()]
     lines += [f"- **{', '.join(registry.BACKEND_NAMES)}**: kernel_dispatch backends through the public ops "
               "(`backend=`); a row marked *not run* gives the registry's reason (`registry.why_not`) or the harness's."]

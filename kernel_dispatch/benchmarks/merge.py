@@ -64,5 +64,5 @@ def merge(runs: list[tuple[Path, dict]]) -> dict:
                records=[rec for _, data in runs for rec in data["records"]],
                elapsed_s=round(sum(s["elapsed_s"] or 0.0 for s in summaries), 1))
     for _, data in rest:  # conventions a later run adds (newer code would also have changed the commit)
-        out["conventions"] = {**data["conventions"], **out["conventions"]}
+        out["conventions"] = {**data.get("conventions", {}), **out.get("conventions", {})}
     return out

@@ -367,10 +367,10 @@ class LazyAttentionFwdSm90(HopperKernel):
 
     @cute.jit
     def _diagonal_rows(self, acc_mn, tScS_mn, tbl, m0, n0, sc2, lse2, thr):
-        """A of the causal diagonal tile (n0 = m0; before lengths[b], so every index is inside the table): of the
-        first warpgroup's rows (m0 .. m0 + WM - 1) keys n0 + WM .. follow every row (A = 0 without exponentials)
-        and the first WM keys need the mask; of the second warpgroup's the first WM keys precede every row and the
-        others need it. Columns c < half are keys n0 .. n0 + WM - 1. A masked entry is 0 by one select (its score,
+        """P + tau / i of the causal diagonal tile (n0 = m0; before lengths[b], so every index is inside the table),
+        0 where masked: of the first warpgroup's rows (m0 .. m0 + WM - 1) keys n0 + WM .. follow every row (0 without
+        exponentials) and the first WM keys need the mask; of the second warpgroup's the first WM keys precede every
+        row and the others need it. Columns c < half are keys n0 .. n0 + WM - 1. A masked entry is 0 by one select (its score,
         NaN included, never reaches A)."""
         half = cute.size(acc_mn.shape[1]) // 2
         if tScS_mn[0, 0][0] < WM:  # this warpgroup's rows are the CTA's first WM

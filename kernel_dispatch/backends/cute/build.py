@@ -83,6 +83,16 @@ def _compile_in_this_process(key: KernelKey, out: Path) -> dict:
         shutil.rmtree(dump, ignore_errors=True)
 
 
+def export_shared_object(compiled, name: str, folder: Path) -> tuple[Path, Path]:
+    """Export the TVM FFI function ``compiled`` (a ``cute.compile(..., options="--enable-tvm-ffi")`` result) as
+    ``folder/<name>.o`` (entry point ``__tvm_ffi_<name>``) and link it with ``gcc -shared`` into
+    ``folder/<name>.so``, which needs only ``libcute_dsl_runtime.so`` and ``tvm_ffi`` to run; (object, library)."""
+    obj, lib = folder / f"{name}.o", folder / f"{name}.so"
+    compiled.export_to_c(str(obj), function_name=name)
+    subprocess.run(["gcc", "-shared", "-o", str(lib), str(obj)], check=True)
+    return obj, lib
+
+
 def _compile_into(key: KernelKey, out: Path, dump: Path) -> dict:
     os.environ.update(CUTE_DSL_ARCH=ARCH, CUTE_DSL_KEEP="cubin,ir", CUTE_DSL_DUMP_DIR=str(dump))
     import cutlass
@@ -91,9 +101,7 @@ def _compile_into(key: KernelKey, out: Path, dump: Path) -> dict:
     start = time.perf_counter()
     compiled = module.compile(key)
     seconds = time.perf_counter() - start
-    obj, lib = dump / f"{key.name}.o", dump / f"{key.name}.so"
-    compiled.export_to_c(str(obj), function_name=key.name)
-    subprocess.run(["gcc", "-shared", "-o", str(lib), str(obj)], check=True)
+    _, lib = export_shared_object(compiled, key.name, dump)
     cubins = glob.glob(str(dump / "*.cubin"))
     irs = glob.glob(str(dump / "*_clean.mlir"))
     if len(cubins) != 1 or len(irs) != 1:
